@@ -1,0 +1,34 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from prorl_server import __version__
+from prorl_server.api import jobs, lifecycle, llm_servers
+from prorl_server.api.errors import install_error_handlers
+from prorl_server.api.state import ServerState
+from prorl_server.config import ServerSettings
+
+
+def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
+    """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown."""
+    state = state or ServerState.build(settings or ServerSettings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.open()
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="prorl-server", version=__version__, lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    for module in (jobs, llm_servers, lifecycle):
+        app.include_router(module.router)
+    return app

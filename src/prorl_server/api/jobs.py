@@ -1,0 +1,114 @@
+"""Job routes: blocking `/process`, submit-and-poll `/jobs`, listing, acknowledgement, cancellation."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+
+from prorl_server.api.responses import model_response
+from prorl_server.api.state import ServerState, get_state
+from prorl_server.protocol import (
+    TERMINAL_STATUSES,
+    AckRequest,
+    AckResponse,
+    CancelRequest,
+    CancelResponse,
+    JobAccepted,
+    JobList,
+    JobResult,
+    JobStatus,
+    JobStatusResponse,
+    ProcessRequest,
+)
+
+router = APIRouter(tags=["jobs"])
+State = Annotated[ServerState, Depends(get_state)]
+
+
+@router.post("/process", response_model=JobResult)
+async def process(body: ProcessRequest, state: State) -> Response:
+    """Run one job and return its result when it is terminal (the result is also kept for `GET /jobs`)."""
+    job = state.orchestrator.submit(body)
+    return model_response(await job.wait())
+
+
+@router.post("/jobs", status_code=202, response_model=JobAccepted)
+async def submit(body: ProcessRequest, state: State) -> Response:
+    """Queue a job and return its id at once."""
+    job = state.orchestrator.submit(body)
+    return model_response(JobAccepted(job_id=job.id), status_code=202)
+
+
+@router.get("/jobs", response_model=JobList)
+async def list_results(
+    state: State,
+    status: Annotated[
+        list[str] | None, Query(description="Terminal statuses to include (repeat or comma-separate)")
+    ] = None,
+    after: Annotated[int, Query(ge=0, description="Cursor: list results stored after this one")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    wait: Annotated[float, Query(ge=0, le=300, description="Long-poll: seconds to wait for a first result")] = 0,
+) -> Response:
+    """Finished results in completion order, after a cursor; pass `next_cursor` back as `after`."""
+    statuses = _parse_statuses(status)
+    deadline = time.monotonic() + wait
+    while True:
+        results, cursor = state.orchestrator.results.page(statuses, after, limit)
+        remaining = deadline - time.monotonic()
+        if results or remaining <= 0:
+            return model_response(JobList(results=results, next_cursor=cursor))
+        await state.signal.wait(remaining)
+
+
+@router.post("/jobs/ack", response_model=AckResponse)
+async def acknowledge(body: AckRequest, state: State) -> AckResponse:
+    """Drop stored results the trainer has safely received."""
+    return AckResponse(acknowledged=state.orchestrator.results.ack(body.job_ids, body.through))
+
+
+@router.get("/jobs/{job_id}", response_model=JobStatusResponse)
+async def get_job(job_id: str, state: State) -> Response:
+    """A job's status, and its result once terminal."""
+    found = state.orchestrator.lookup(job_id)
+    if found is None:
+        raise HTTPException(404, f"no job {job_id!r} (never submitted, acknowledged, or past retention)")
+    status, result = found
+    return model_response(JobStatusResponse(job_id=job_id, status=status, result=result))
+
+
+@router.delete("/jobs/{job_id}", response_model=CancelResponse)
+async def delete_job(job_id: str, state: State) -> CancelResponse:
+    """Cancel a job (idempotent; a finished job keeps its result)."""
+    return _cancel(state, job_id)
+
+
+@router.post("/cancel", response_model=CancelResponse)
+async def cancel(body: CancelRequest, state: State) -> CancelResponse:
+    """Cancel a job (idempotent; a finished job keeps its result)."""
+    return _cancel(state, body.job_id)
+
+
+def _cancel(state: ServerState, job_id: str) -> CancelResponse:
+    status = state.orchestrator.cancel(job_id)
+    if status is None:
+        raise HTTPException(404, f"no job {job_id!r} (never submitted, acknowledged, or past retention)")
+    return CancelResponse(job_id=job_id, status=status.value)
+
+
+def _parse_statuses(raw: list[str] | None) -> set[JobStatus] | None:
+    if not raw:
+        return None
+    names = [name.strip() for item in raw for name in item.split(",") if name.strip()]
+    allowed = sorted(s.value for s in TERMINAL_STATUSES)
+    statuses: set[JobStatus] = set()
+    for name in names:
+        try:
+            status = JobStatus(name)
+        except ValueError:
+            status = None
+        if status not in TERMINAL_STATUSES:
+            raise HTTPException(400, f"status {name!r} cannot be listed; GET /jobs lists finished results: {allowed}")
+        statuses.add(status)
+    return statuses

@@ -1,0 +1,105 @@
+"""ServerState: the objects one server instance is made of, shared by the routers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from prorl_server.config import ServerSettings
+from prorl_server.handlers import HandlerRegistry
+from prorl_server.llm import BackendPool, VLLMClient
+from prorl_server.pipeline import Orchestrator
+from prorl_server.pipeline.loop_thread import LoopThread
+
+log = logging.getLogger(__name__)
+
+
+class ResultSignal:
+    """Wakes long-polling `GET /jobs` requests when a result is stored (from any thread)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Attach to the API's event loop."""
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        """Called by the result store after each put."""
+        if self._loop is not None and self._event is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        assert self._event is not None
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        """Return after the next stored result or after `timeout` seconds."""
+        assert self._event is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
+@dataclass
+class ServerState:
+    """Settings, handler registry, backend pool, orchestrator and the health-check thread."""
+
+    settings: ServerSettings
+    registry: HandlerRegistry
+    backends: BackendPool
+    orchestrator: Orchestrator
+    health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
+    signal: ResultSignal = field(default_factory=ResultSignal)
+
+    @classmethod
+    def build(
+        cls,
+        settings: ServerSettings,
+        registry: HandlerRegistry | None = None,
+        client: VLLMClient | None = None,
+    ) -> ServerState:
+        """Assemble a server from settings; tests may pass their own registry or client."""
+        if registry is None:
+            registry = HandlerRegistry()
+            if settings.entry_point_handlers:
+                registry.load_entry_points()
+            for target in settings.handlers:
+                registry.add_target(target)
+        client = client or VLLMClient(request_timeout_s=settings.llm_request_timeout_s)
+        backends = BackendPool(client, settings.placement)
+        for address in settings.llm_servers:
+            backends.add(address)
+        state = cls(settings, registry, backends, Orchestrator(settings, registry, backends))
+        state.orchestrator.results.on_put = state.signal.notify
+        return state
+
+    async def open(self) -> None:
+        """Start health checks and (with autostart) the pipeline."""
+        self.signal.bind(asyncio.get_running_loop())
+        self.health.start()
+        self.health.submit(self.backends.health_loop(self.settings.health_check_interval_s))
+        if self.settings.autostart:
+            await asyncio.to_thread(self.orchestrator.start)
+
+    async def close(self) -> None:
+        """Stop the pipeline (cancelling live jobs) and the health checks."""
+        await asyncio.to_thread(self.orchestrator.stop)
+        self.health.submit(self.backends.client.aclose_current_loop()).result(5)
+        self.health.stop()
+
+    def probe_soon(self) -> None:
+        """Run one health-check round now (after a registration)."""
+        if self.health.alive:
+            self.health.submit(self.backends.check_health())
+
+
+def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: the ServerState of the app serving this request."""
+    return request.app.state.server

@@ -1,0 +1,29 @@
+"""Server configuration: one pydantic model; the CLI maps its flags onto it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class ServerSettings(BaseModel):
+    """Everything `prorl-server serve` can be told."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (sandbox starts).")
+    run_workers: int = Field(default=64, ge=1, description="Concurrent RUN stages (agent loops).")
+    eval_workers: int = Field(default=8, ge=1, description="Concurrent EVAL stages (scoring).")
+    llm_servers: list[str] = Field(default_factory=list, description="Backends registered at start.")
+    handlers: list[str] = Field(default_factory=list, description="Extra handlers, [name=]module:Class.")
+    entry_point_handlers: bool = Field(default=True, description="Load the prorl_server.handlers group.")
+    placement: Literal["sticky_least_loaded", "min_heap"] = "sticky_least_loaded"
+    default_timeout_s: float | None = Field(default=3600.0, gt=0, description="Per-job stage-time budget.")
+    result_retention_s: float = Field(default=3600.0, gt=0, description="How long unacknowledged results stay.")
+    health_check_interval_s: float = Field(default=10.0, gt=0)
+    llm_request_timeout_s: float = Field(default=3600.0, gt=0)
+    llm_max_failovers: int = Field(default=3, ge=0, description="Backends a call may move to when one dies.")
+    cancel_grace_s: float = Field(default=5.0, ge=0, description="Time a cancelled stage gets to unwind.")
+    autostart: bool = Field(default=True, description="Start the pools at launch (else wait for POST /start).")
+    log_level: str = "info"

@@ -1,0 +1,58 @@
+"""The AgentHandler interface task plugins implement."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from prorl_server.handlers.context import JobContext
+from prorl_server.protocol import ErrorInfo, JobResult
+
+# Keys of `sampling_params` that configure the agent rather than vLLM; they are moved to
+# `ctx.agent_config`. A handler adds its own with the class attribute `agent_config_keys`.
+AGENT_CONFIG_KEYS = frozenset({"max_turns", "max_context_length", "tool_timeout", "system_prompt"})
+
+
+class AgentHandler(ABC):
+    """A task plugin: how to set up (INIT), act (RUN) and score (EVAL) one instance.
+
+    Each method may be `async def` or a plain `def` (plain ones run in a worker thread; use
+    `ctx.wait(coro)` there to call async APIs). One handler object serves all jobs of its
+    `data_source` concurrently: keep per-job state in `ctx`, not on `self`.
+    """
+
+    name: ClassVar[str] = ""
+    agent_config_keys: ClassVar[frozenset[str]] = frozenset()
+
+    def init(self, ctx: JobContext) -> Any:
+        """Prepare the job: start a sandbox, register its cleanup with `ctx.on_release`. Default: nothing."""
+        return None
+
+    @abstractmethod
+    def run(self, ctx: JobContext) -> Any:
+        """Run the agent loop with `ctx.llm`; fill `ctx.artifacts` with what EVAL needs."""
+
+    @abstractmethod
+    def eval(self, ctx: JobContext) -> Any:
+        """Score the job: return a float reward, or a dict with a `reward` key and any details."""
+
+    def init_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
+        """INIT raised: return the error to fail the job with, or None to go on to RUN."""
+        return default_error("init", exc)
+
+    def run_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
+        """RUN raised: return the error to fail the job with, or None to go on to EVAL."""
+        return default_error("run", exc)
+
+    def eval_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
+        """EVAL raised: return the error to fail the job with, or None to complete it with reward 0."""
+        return default_error("eval", exc)
+
+    def final_result(self, ctx: JobContext, result: JobResult) -> JobResult:
+        """Last look at a completed, failed or timed-out result before it is returned. Default: as is."""
+        return result
+
+
+def default_error(stage: str, exc: BaseException) -> ErrorInfo:
+    """The error a stage exception becomes unless the handler decides otherwise."""
+    return ErrorInfo(stage=stage, type=type(exc).__name__, message=str(exc) or repr(exc))

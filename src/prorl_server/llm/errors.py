@@ -1,0 +1,27 @@
+"""Errors raised by the LLM layer."""
+
+from __future__ import annotations
+
+
+class LLMError(Exception):
+    """Base class of LLM-layer errors."""
+
+
+class BackendUnavailable(LLMError):
+    """The backend could not be reached or answered with a server error; another backend may work."""
+
+
+class BackendRequestError(LLMError):
+    """The backend rejected the request (4xx): retrying elsewhere would fail the same way."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class NoBackendAvailable(LLMError):
+    """No registered, healthy LLM backend is left to serve the job."""
+
+
+class ChatTemplateError(LLMError):
+    """The backend's chat template cannot be used for incremental (delta) tokenization."""

@@ -1,0 +1,213 @@
+"""LLMSession: one job's conversation with the backends, kept as token ids.
+
+The model's output is never decoded and re-encoded: the next prompt is the previous prompt plus the
+sampled ids plus the ids of the new messages. Those ids are the chat-template delta,
+`template(base + new, add_generation_prompt=True)` minus `template(base)`, computed by the backend's
+`/tokenize` on a fixed two-message base (so each turn costs one small tokenize call, not a
+re-tokenization of the whole history). When the sampled ids do not end with the tokens the template
+puts after an assistant message (for example the newline after `<|im_end|>`, or the whole end-of-turn
+marker when generation stopped on length), the missing ones are inserted as observation tokens, so the
+stream equals what the template would give for the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from prorl_server.llm.backend import Backend
+from prorl_server.llm.backend_pool import BackendPool
+from prorl_server.llm.errors import BackendUnavailable, ChatTemplateError, NoBackendAvailable
+from prorl_server.protocol import Trajectory, TurnRecord
+
+T = TypeVar("T")
+
+# The session sets these itself; a trainer's sampling_params cannot override them.
+RESERVED_SAMPLING_KEYS = frozenset({"prompt", "model", "return_token_ids", "logprobs", "stream", "n", "echo"})
+
+_PROBE_USER = {"role": "user", "content": "A"}
+_BASE = [_PROBE_USER, {"role": "assistant", "content": "A"}]
+_BASE_OTHER = [_PROBE_USER, {"role": "assistant", "content": "B"}]
+
+
+@dataclass(frozen=True)
+class TemplateShape:
+    """What a backend's chat template looks like around an assistant message."""
+
+    base_ids: list[int]
+    turn_close: list[int]
+
+
+def missing_turn_close(output_ids: list[int], turn_close: list[int]) -> list[int]:
+    """The part of `turn_close` that `output_ids` does not already end with."""
+    for k in range(min(len(turn_close), len(output_ids)), 0, -1):
+        if output_ids[-k:] == turn_close[:k]:
+            return turn_close[k:]
+    return list(turn_close)
+
+
+def _common_suffix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+class LLMSession:
+    """Token-in/token-out conversation of one job, pinned to one backend (re-placed if it dies)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        pool: BackendPool,
+        trajectory: Trajectory,
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        max_failovers: int = 3,
+    ) -> None:
+        self.job_id = job_id
+        self.pool = pool
+        self.trajectory = trajectory
+        self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
+        self.max_failovers = max_failovers
+        self._turn_open = False
+
+    # public API ---------------------------------------------------------------------------------
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole context so far: prompt ids followed by response ids."""
+        return self.trajectory.prompt_ids + self.trajectory.response_ids
+
+    async def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Set the prompt: the chat template of `messages` with the generation prompt; returns its ids."""
+        if self.trajectory.prompt_ids or self.trajectory.response_ids:
+            raise RuntimeError("LLMSession.start() was already called for this job")
+        ids = await self._with_backend(
+            lambda b: self.pool.client.tokenize_messages(
+                b.address, b.model, messages, add_generation_prompt=True, tools=tools
+            )
+        )
+        self.trajectory.prompt_ids = ids
+        self.trajectory.messages.extend(messages)
+        return ids
+
+    async def start_from_ids(self, prompt_ids: list[int], messages: list[dict[str, Any]] | None = None) -> None:
+        """Set the prompt from token ids the caller already has (kept for the record: `messages`)."""
+        if self.trajectory.prompt_ids or self.trajectory.response_ids:
+            raise RuntimeError("LLMSession.start() was already called for this job")
+        self.trajectory.prompt_ids = list(prompt_ids)
+        self.trajectory.messages.extend(messages or [])
+
+    async def generate(self, **sampling_overrides: Any) -> TurnRecord:
+        """Sample one assistant turn from the current context and append it (mask 1)."""
+        if not self.trajectory.prompt_ids:
+            raise RuntimeError("call LLMSession.start(messages) before generate()")
+        params = {**self.sampling_params, **sampling_overrides}
+        for key in RESERVED_SAMPLING_KEYS & params.keys():
+            del params[key]
+        prompt = self.token_ids
+        completion, backend = await self._with_backend_pair(
+            lambda b: self.pool.client.complete(b.address, b.model, prompt, params)
+        )
+        turn = TurnRecord(
+            backend=backend.address,
+            weight_version=backend.weight_version,
+            finish_reason=completion.finish_reason,
+            prompt_len=len(prompt),
+            output_ids=completion.output_ids,
+            logprobs=completion.logprobs,
+            text=completion.text,
+        )
+        traj = self.trajectory
+        traj.response_ids.extend(completion.output_ids)
+        traj.response_mask.extend([1] * len(completion.output_ids))
+        traj.response_logprobs.extend(completion.logprobs)
+        traj.turns.append(turn)
+        traj.messages.append({"role": "assistant", "content": completion.text})
+        self._turn_open = True
+        return turn
+
+    async def add_messages(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Append observation messages (tool results, user turns) as template-delta ids (mask 0)."""
+        if not messages:
+            return []
+        if not self._turn_open:
+            raise RuntimeError(
+                "add_messages() appends observations after a generated turn; put the first messages in start(messages)"
+            )
+        shape = await self._template_shape()
+        full = await self._with_backend(
+            lambda b: self.pool.client.tokenize_messages(
+                b.address, b.model, [*_BASE, *messages], add_generation_prompt=True
+            )
+        )
+        if full[: len(shape.base_ids)] != shape.base_ids:
+            raise ChatTemplateError(
+                "the backend's chat template renders earlier messages differently once new ones are "
+                "added, so observation tokens cannot be appended incrementally"
+            )
+        last_output = self.trajectory.turns[-1].output_ids
+        delta = missing_turn_close(last_output, shape.turn_close) + full[len(shape.base_ids) :]
+        self._append_observation(delta)
+        self.trajectory.messages.extend(messages)
+        self._turn_open = False
+        return delta
+
+    def _append_observation(self, ids: list[int]) -> None:
+        traj = self.trajectory
+        traj.response_ids.extend(ids)
+        traj.response_mask.extend([0] * len(ids))
+        traj.response_logprobs.extend([0.0] * len(ids))
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids of plain text, from the pinned backend's tokenizer."""
+        return await self._with_backend(lambda b: self.pool.client.tokenize_text(b.address, b.model, text))
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """Text of token ids, from the pinned backend's tokenizer."""
+        return await self._with_backend(lambda b: self.pool.client.detokenize(b.address, b.model, ids))
+
+    def close(self) -> None:
+        """Unpin the job from its backend (idempotent)."""
+        self.pool.release(self.job_id)
+
+    # internals ----------------------------------------------------------------------------------
+
+    async def _template_shape(self) -> TemplateShape:
+        async def probe(backend: Backend) -> TemplateShape:
+            shape = self.pool.cached(backend, "template_shape")
+            if shape is None:
+                client = self.pool.client
+                base = await client.tokenize_messages(
+                    backend.address, backend.model, _BASE, add_generation_prompt=False
+                )
+                other = await client.tokenize_messages(
+                    backend.address, backend.model, _BASE_OTHER, add_generation_prompt=False
+                )
+                close_len = _common_suffix_len(base, other)
+                shape = TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
+                self.pool.cache(backend, "template_shape", shape)
+            return shape
+
+        return await self._with_backend(probe)
+
+    async def _with_backend(self, call: Callable[[Backend], Awaitable[T]]) -> T:
+        result, _ = await self._with_backend_pair(call)
+        return result
+
+    async def _with_backend_pair(self, call: Callable[[Backend], Awaitable[T]]) -> tuple[T, Backend]:
+        """Run `call` on the pinned backend; on an unreachable backend, re-place and resend."""
+        errors: list[str] = []
+        for _ in range(self.max_failovers + 1):
+            backend = self.pool.acquire(self.job_id)
+            try:
+                await self.pool.resolve_model(backend)
+                return await call(backend), backend
+            except BackendUnavailable as exc:
+                errors.append(f"{backend.address}: {exc}")
+                self.pool.mark_unhealthy(backend, str(exc))
+            except NoBackendAvailable:
+                raise
+        raise NoBackendAvailable(f"LLM call failed on {len(errors)} backend(s) in a row: " + "; ".join(errors))

@@ -1,0 +1,21 @@
+"""The job pipeline: Job, PausableTimer, stage pools, the orchestrator and the result store."""
+
+from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting, SubmissionError
+from prorl_server.pipeline.job import STAGES, Job
+from prorl_server.pipeline.orchestrator import Orchestrator
+from prorl_server.pipeline.result_store import ResultStore
+from prorl_server.pipeline.stage_pool import StagePool
+from prorl_server.pipeline.timer import PausableTimer
+
+__all__ = [
+    "STAGES",
+    "DuplicateJob",
+    "InvalidInstance",
+    "Job",
+    "NotAccepting",
+    "Orchestrator",
+    "PausableTimer",
+    "ResultStore",
+    "StagePool",
+    "SubmissionError",
+]

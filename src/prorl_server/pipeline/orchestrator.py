@@ -1,0 +1,372 @@
+"""Orchestrator: admits jobs, moves them through the INIT, RUN and EVAL pools, decides their results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from typing import Any
+
+from prorl_server.config import ServerSettings
+from prorl_server.handlers import (
+    AGENT_CONFIG_KEYS,
+    AgentHandler,
+    HandlerRegistry,
+    JobContext,
+    default_error,
+)
+from prorl_server.llm import BackendPool, LLMSession
+from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
+from prorl_server.pipeline.handler_calls import call_handler, overrides, parse_eval_outcome
+from prorl_server.pipeline.job import STAGES, Job
+from prorl_server.pipeline.result_store import ResultStore
+from prorl_server.pipeline.stage_pool import StagePool
+from prorl_server.pipeline.timer import PausableTimer
+from prorl_server.protocol import (
+    ErrorInfo,
+    JobResult,
+    JobStatus,
+    ProcessRequest,
+    StageTiming,
+    StatusResponse,
+    Trajectory,
+)
+
+log = logging.getLogger(__name__)
+
+_NEXT_STAGE = {"init": "run", "run": "eval"}
+
+
+class Orchestrator:
+    """The pipeline: three independent stage pools and the bookkeeping of live and finished jobs."""
+
+    def __init__(self, settings: ServerSettings, registry: HandlerRegistry, backends: BackendPool) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.backends = backends
+        self.results = ResultStore(settings.result_retention_s)
+        sizes = {"init": settings.init_workers, "run": settings.run_workers, "eval": settings.eval_workers}
+        self.pools = {
+            stage: StagePool(stage, sizes[stage], self._stage_processor(stage), backends.client.aclose_current_loop)
+            for stage in STAGES
+        }
+        self._live: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._lifecycle = threading.Lock()
+        self.running = False
+
+    # lifecycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the stage pools (idempotent)."""
+        with self._lifecycle:
+            if self.running:
+                return
+            for pool in self.pools.values():
+                pool.start()
+            self.running = True
+            log.info(
+                "pipeline started: %d init, %d run, %d eval workers",
+                *(self.pools[s].workers for s in STAGES),
+            )
+
+    def stop(self) -> int:
+        """Refuse new jobs, cancel every live job, release their resources, drain and stop the pools.
+
+        Returns how many jobs were cancelled. Idempotent.
+        """
+        with self._lifecycle:
+            if not self.running:
+                return 0
+            self.running = False
+            with self._lock:
+                live = list(self._live.values())
+            cancelled = sum(
+                self._cancel_job(job, "ServerStopped", "the server was stopped (POST /stop or SIGTERM)") for job in live
+            )
+            for stage in STAGES:
+                self.pools[stage].stop(self.settings.cancel_grace_s)
+            log.info("pipeline stopped; %d live jobs cancelled", cancelled)
+            return cancelled
+
+    # admission ------------------------------------------------------------------------------------
+
+    def submit(self, request: ProcessRequest) -> Job:
+        """Admit a job and queue it for INIT. Raises a SubmissionError subclass when it cannot."""
+        if not self.running:
+            raise NotAccepting("the server is stopped; POST /start to resume accepting jobs")
+        data_source = request.instance.get("data_source")
+        if not isinstance(data_source, str) or not data_source:
+            raise InvalidInstance(
+                "instance.data_source is required (a string naming the handler); known data sources: "
+                + (", ".join(self.registry.names()) or "none")
+            )
+        handler = self.registry.get(data_source)
+        registered, healthy = self.backends.counts()
+        if registered == 0:
+            raise NotAccepting(
+                'no LLM backend is registered; POST /add_llm_server {"address": "http://host:port/v1"} '
+                "or start the server with --llm-server URL"
+            )
+        if healthy == 0:
+            raise NotAccepting(f"all {registered} LLM backends are unhealthy; see GET /llm_servers")
+        job = self._make_job(request, handler, data_source)
+        with self._lock:
+            if job.id in self._live:
+                raise DuplicateJob(f"job_id {job.id!r} is already in flight; wait for it, cancel it, or use another id")
+            self._live[job.id] = job
+        self.pools["init"].put(job)
+        return job
+
+    def _make_job(self, request: ProcessRequest, handler: AgentHandler, data_source: str) -> Job:
+        job_id = request.job_id or uuid.uuid4().hex
+        agent_keys = AGENT_CONFIG_KEYS | handler.agent_config_keys
+        sampling = {k: v for k, v in request.sampling_params.items() if k not in agent_keys}
+        agent_config = {k: v for k, v in request.sampling_params.items() if k in agent_keys}
+        agent_config.update(request.agent_config)
+        trajectory = Trajectory()
+        session = LLMSession(job_id, self.backends, trajectory, sampling, max_failovers=self.settings.llm_max_failovers)
+        ctx = JobContext(
+            job_id=job_id,
+            instance=request.instance,
+            sampling_params=sampling,
+            agent_config=agent_config,
+            llm=session,
+            trajectory=trajectory,
+        )
+        timeout = request.timeout if request.timeout is not None else self.settings.default_timeout_s
+        return Job(job_id, handler, ctx, PausableTimer(timeout))
+
+    # queries --------------------------------------------------------------------------------------
+
+    def lookup(self, job_id: str) -> tuple[JobStatus, JobResult | None] | None:
+        """(status, result or None) of a live or stored job, or None if unknown."""
+        with self._lock:
+            job = self._live.get(job_id)
+        if job is not None:
+            return job.status, job.result
+        stored = self.results.get(job_id)
+        return (stored.status, stored) if stored is not None else None
+
+    def status(self) -> StatusResponse:
+        """Queue depths, busy workers and job counts."""
+        with self._lock:
+            live = list(self._live.values())
+        jobs: dict[str, int] = {}
+        for job in live:
+            jobs[job.status.value] = jobs.get(job.status.value, 0) + 1
+        jobs["stored_results"] = len(self.results)
+        registered, healthy = self.backends.counts()
+        return StatusResponse(
+            running=self.running,
+            queues={s: p.depth for s, p in self.pools.items()},
+            busy_workers={s: p.busy for s, p in self.pools.items()},
+            workers={s: p.workers for s, p in self.pools.items()},
+            jobs=jobs,
+            llm_servers=registered,
+            healthy_llm_servers=healthy,
+        )
+
+    # cancellation ---------------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> JobStatus | None:
+        """Cancel a live job (idempotent); returns its status afterwards, or None if unknown."""
+        with self._lock:
+            job = self._live.get(job_id)
+        if job is None:
+            stored = self.results.get(job_id)
+            return stored.status if stored is not None else None
+        self._cancel_job(job, "Cancelled", "cancelled by the client")
+        return job.status
+
+    def _cancel_job(self, job: Job, kind: str, message: str) -> bool:
+        if job.status == JobStatus.QUEUED:
+            stage, message = job.next_stage, f"{message} (while queued for {job.next_stage})"
+        else:
+            stage = job.status.value
+        result = self._result(job, JobStatus.CANCELLED, error=ErrorInfo(stage=stage, type=kind, message=message))
+        if not job.finish(result):
+            return False
+        self._store(job)
+        if not job.interrupt():
+            # Not inside a stage: release what INIT may have acquired on the pool it waits for.
+            self.pools[job.next_stage].spawn(job.ctx.release())
+        return True
+
+    # stage execution ------------------------------------------------------------------------------
+
+    def _stage_processor(self, stage: str):
+        async def process(job: Job) -> None:
+            await self._run_stage(stage, job)
+
+        return process
+
+    async def _run_stage(self, stage: str, job: Job) -> None:
+        ctx = job.ctx
+        if job.terminal:
+            await ctx.release()
+            return
+        handler = job.handler
+        if stage == "init" and not overrides(handler, "init"):
+            await self._advance(job, stage, None)
+            return
+        pool = self.pools[stage]
+        ctx._loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(call_handler(getattr(handler, stage), ctx, executor=pool.executor))
+        if not job.attach(stage, task):
+            task.cancel()
+            await ctx.release()
+            return
+        job.timer.start(stage)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=job.timer.remaining())
+        except asyncio.CancelledError:  # the pool is shutting down
+            task.cancel()
+            await self._settle(task)
+            job.timer.pause()
+            job.detach()
+            await ctx.release()
+            raise
+        job.timer.pause()
+        job.detach(_NEXT_STAGE.get(stage))
+        if not done:
+            task.cancel()
+            await self._settle(task)
+            budget = job.timer.budget_s
+            await self._finish(
+                job,
+                JobStatus.TIMEOUT,
+                error=ErrorInfo(
+                    stage=stage,
+                    type="Timeout",
+                    message=f"the job used up its {budget:g}s budget during {stage}",
+                ),
+            )
+            return
+        if task.cancelled() or job.terminal:
+            await ctx.release()
+            return
+        exc = task.exception()
+        if exc is None:
+            await self._advance(job, stage, task.result())
+            return
+        error = await self._stage_exception(job, stage, exc)
+        if error is not None:
+            await self._finish(job, JobStatus.FAILED, error=error)
+        elif stage == "eval":
+            await self._finish(job, JobStatus.COMPLETED, reward=0.0, details={})
+        else:
+            await self._advance(job, stage, None)
+
+    async def _advance(self, job: Job, stage: str, value: Any) -> None:
+        if stage == "eval":
+            try:
+                reward, details = parse_eval_outcome(value)
+            except (TypeError, ValueError) as exc:
+                await self._finish(job, JobStatus.FAILED, error=default_error("eval", exc))
+                return
+            await self._finish(job, JobStatus.COMPLETED, reward=reward, details=details)
+            return
+        if stage == "run":
+            await job.ctx.release()  # sandboxes go before EVAL, so slow evals never hold them
+        if job.terminal:
+            await job.ctx.release()
+            return
+        nxt = _NEXT_STAGE[stage]
+        job.detach(nxt)
+        self.pools[nxt].put(job)
+
+    async def _stage_exception(self, job: Job, stage: str, exc: BaseException) -> ErrorInfo | None:
+        hook = getattr(job.handler, f"{stage}_exception")
+        try:
+            if overrides(job.handler, f"{stage}_exception"):
+                return await call_handler(hook, job.ctx, exc, executor=self.pools[stage].executor)
+            return hook(job.ctx, exc)
+        except Exception as hook_exc:
+            log.exception("%s_exception of handler %s raised", stage, type(job.handler).__name__)
+            return ErrorInfo(
+                stage=stage,
+                type=type(exc).__name__,
+                message=f"{exc} (and {stage}_exception raised {type(hook_exc).__name__}: {hook_exc})",
+            )
+
+    async def _settle(self, task: asyncio.Task[Any]) -> None:
+        """Give a cancelled task `cancel_grace_s` to unwind."""
+        if not task.done():
+            await asyncio.wait({task}, timeout=self.settings.cancel_grace_s)
+            if not task.done():
+                log.warning("a handler ignored cancellation for %.1fs", self.settings.cancel_grace_s)
+
+    async def _finish(
+        self,
+        job: Job,
+        status: JobStatus,
+        *,
+        error: ErrorInfo | None = None,
+        reward: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        await job.ctx.release()
+        result = self._result(job, status, error=error, reward=reward, details=details)
+        if overrides(job.handler, "final_result"):
+            try:
+                executor = self.pools[job.ctx.stage].executor if job.ctx.stage in self.pools else None
+                result = await call_handler(job.handler.final_result, job.ctx, result, executor=executor)
+                if not isinstance(result, JobResult):
+                    raise TypeError(f"final_result() must return a JobResult, got {type(result).__name__}")
+            except Exception as exc:
+                log.exception("final_result of handler %s raised", type(job.handler).__name__)
+                result = self._result(job, JobStatus.FAILED, error=default_error("final_result", exc))
+        if job.finish(result):
+            self._store(job)
+
+    def _store(self, job: Job) -> None:
+        assert job.result is not None
+        self.results.put(job.result)
+        with self._lock:
+            if self._live.get(job.id) is job:
+                del self._live[job.id]
+
+    def _result(
+        self,
+        job: Job,
+        status: JobStatus,
+        *,
+        error: ErrorInfo | None = None,
+        reward: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> JobResult:
+        timer = job.timer
+        stage_s = {s: timer.stage_seconds(s) for s in STAGES}
+        total = timer.wall_s()
+        return JobResult(
+            job_id=job.id,
+            status=status,
+            reward=reward,
+            trajectory=_snapshot(job.ctx.trajectory),
+            eval=details or {},
+            artifacts=dict(job.ctx.artifacts),
+            error=error,
+            timing=StageTiming(
+                queue_s=max(0.0, total - sum(stage_s.values())),
+                init_s=stage_s["init"],
+                run_s=stage_s["run"],
+                eval_s=stage_s["eval"],
+                total_s=total,
+            ),
+            data_source=job.ctx.data_source,
+        )
+
+
+def _snapshot(traj: Trajectory) -> Trajectory:
+    """Copy a trajectory that a still-running stage may keep appending to (cancel races)."""
+    n = min(len(traj.response_ids), len(traj.response_mask), len(traj.response_logprobs))
+    return Trajectory.model_construct(
+        prompt_ids=list(traj.prompt_ids),
+        response_ids=traj.response_ids[:n],
+        response_mask=traj.response_mask[:n],
+        response_logprobs=traj.response_logprobs[:n],
+        turns=list(traj.turns),
+        messages=list(traj.messages),
+    )

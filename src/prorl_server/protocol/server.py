@@ -1,0 +1,70 @@
+"""Lifecycle, status and discovery schemas."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CancelRequest(BaseModel):
+    """Body of `POST /cancel`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+
+
+class AckRequest(BaseModel):
+    """Body of `POST /jobs/ack`: drop stored results by id and/or everything up to a cursor."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_ids: list[str] = Field(default_factory=list)
+    through: int | None = Field(default=None, ge=0, description="Acknowledge every result up to this cursor.")
+
+
+class AckResponse(BaseModel):
+    """How many stored results were dropped."""
+
+    acknowledged: int
+
+
+class CancelResponse(BaseModel):
+    """Answer of a cancel: the job's status after the call (cancelling a finished job changes nothing)."""
+
+    job_id: str
+    status: str
+
+
+class LifecycleResponse(BaseModel):
+    """Answer of `POST /start` and `POST /stop`."""
+
+    running: bool
+    cancelled_jobs: int = 0
+
+
+class StatusResponse(BaseModel):
+    """Answer of `GET /status`: queue depths, busy workers, job counts."""
+
+    running: bool
+    queues: dict[str, int]
+    busy_workers: dict[str, int]
+    workers: dict[str, int]
+    jobs: dict[str, int] = Field(description="Live jobs per status, plus stored finished results.")
+    llm_servers: int
+    healthy_llm_servers: int
+
+
+class HealthResponse(BaseModel):
+    """Answer of `GET /health`."""
+
+    status: str
+    running: bool
+
+
+class HandlerInfo(BaseModel):
+    """One loadable handler."""
+
+    data_source: str
+    target: str
+    loaded: bool
+    error: str | None = None

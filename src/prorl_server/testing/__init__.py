@@ -1,0 +1,21 @@
+"""Test doubles shipped with the package: a scripted vLLM-protocol backend and a way to run servers.
+
+These are named as test doubles on purpose: they let tests and the pre-quickstart demo control exactly
+what "the model" says. They are not an LLM.
+"""
+
+from prorl_server.testing.scripted_backend import (
+    ScriptedBackend,
+    ScriptedReply,
+    ToyChatTokenizer,
+    create_scripted_backend_app,
+)
+from prorl_server.testing.uvicorn_thread import UvicornThread
+
+__all__ = [
+    "ScriptedBackend",
+    "ScriptedReply",
+    "ToyChatTokenizer",
+    "UvicornThread",
+    "create_scripted_backend_app",
+]
