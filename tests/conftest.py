@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from handlers_for_tests import (  # noqa: E402
+from handlers_for_tests import (
     MultiTurnChatHandler,
     NoOpHandler,
     RaisingHandler,
@@ -110,9 +111,18 @@ def no_leaked_threads() -> Iterator[None]:
     """Every test must leave no prorl thread behind."""
     before = {t.ident for t in threading.enumerate()}
     yield
-    leaked = [
-        t.name
-        for t in threading.enumerate()
-        if t.ident not in before and t.is_alive() and t.name.startswith(("prorl-", "uvicorn-"))
-    ]
-    assert not leaked, f"threads left running: {leaked}"
+    assert not wait_for_no_new_threads(before), "threads left running"
+
+
+def wait_for_no_new_threads(before: set[int | None], timeout: float = 5.0) -> list[str]:
+    """Names of prorl/uvicorn threads started since `before` still alive after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leaked = [
+            t.name
+            for t in threading.enumerate()
+            if t.ident not in before and t.is_alive() and t.name.startswith(("prorl-", "uvicorn-"))
+        ]
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.05)

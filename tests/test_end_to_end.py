@@ -26,16 +26,17 @@ def test_multi_turn_job_returns_exact_tokens_logprobs_and_mask(server, backend):
     question = [{"role": "user", "content": "2+2?"}]
     assert traj["prompt_ids"] == TOK.encode(TOK.render(question, add_generation_prompt=True))
 
-    thinking = TOK.encode("thinking") + [TOK.eos_id]
+    thinking = [*TOK.encode("thinking"), TOK.eos_id]
     obs0 = TOK.encode("\n<|im_start|>user\nobservation 0<|im_end|>\n<|im_start|>assistant\n")
     # the length-cut turn lacks the end-of-turn marker: the template's closing is inserted as observation
     obs1 = TOK.encode("<|im_end|>\n<|im_start|>user\nobservation 1<|im_end|>\n<|im_start|>assistant\n")
-    done = TOK.encode("DONE") + [TOK.eos_id]
+    done = [*TOK.encode("DONE"), TOK.eos_id]
     assert traj["response_ids"] == thinking + obs0 + [50, 51, 52] + obs1 + done
     assert traj["response_mask"] == [1] * 9 + [0] * len(obs0) + [1] * 3 + [0] * len(obs1) + [1] * 5
-    assert traj["response_logprobs"] == [-0.5] * 9 + [0.0] * len(obs0) + [-1.0, -2.0, -3.0] + [0.0] * len(
-        obs1
-    ) + [-0.25] * 5
+    assert (
+        traj["response_logprobs"]
+        == [-0.5] * 9 + [0.0] * len(obs0) + [-1.0, -2.0, -3.0] + [0.0] * len(obs1) + [-0.25] * 5
+    )
 
     turns = traj["turns"]
     assert [t["finish_reason"] for t in turns] == ["stop", "length", "stop"]

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import BackendUnavailable, ChatTemplateError, NoBackendAvailable
+from prorl_server.llm.vllm_client import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
 
 T = TypeVar("T")
@@ -108,12 +109,15 @@ class LLMSession:
         for key in RESERVED_SAMPLING_KEYS & params.keys():
             del params[key]
         prompt = self.token_ids
-        completion, backend = await self._with_backend_pair(
-            lambda b: self.pool.client.complete(b.address, b.model, prompt, params)
-        )
+
+        async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
+            version = backend.weight_version  # the weights this request was sent to
+            return await self.pool.client.complete(backend.address, backend.model, prompt, params), version
+
+        (completion, weight_version), backend = await self._with_backend_pair(complete)
         turn = TurnRecord(
             backend=backend.address,
-            weight_version=backend.weight_version,
+            weight_version=weight_version,
             finish_reason=completion.finish_reason,
             prompt_len=len(prompt),
             output_ids=completion.output_ids,

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from prorl_server.llm.errors import BackendRequestError, BackendUnavailable
 
 _TOKEN_ID_PREFIX = "token_id:"
+_POOL_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ class VLLMClient:
     """Async client for the endpoints the server needs: completions, tokenize, detokenize, models, health.
 
     An httpx client is bound to the event loop that created it, and every stage pool has its own loop,
-    so connections are kept per loop. Pass `transport` to run without sockets (tests, benchmarks).
+    so connections are kept per loop. Requests go through aiohttp's connection pool (httpx-aiohttp):
+    httpx's own pool loses most of its throughput with dozens of concurrent requests, which is the
+    normal load of a RUN pool. Pass `transport` to run without sockets (tests, benchmarks).
     """
 
     def __init__(
@@ -88,8 +92,8 @@ class VLLMClient:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-            client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport, limits=limits)
+            transport = self._transport or AiohttpTransport(limits=_POOL_LIMITS)
+            client = httpx.AsyncClient(timeout=self._timeout, transport=transport)
             self._clients[loop] = client
         return client
 

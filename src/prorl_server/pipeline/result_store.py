@@ -90,6 +90,7 @@ class ResultStore:
 
     def __len__(self) -> int:
         with self._lock:
+            self._purge_locked()
             return len(self._entries)
 
     def counts(self) -> dict[str, int]:

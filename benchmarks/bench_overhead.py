@@ -1,0 +1,913 @@
+"""Benchmark: prorl-server's own overhead, and the three-pool pipeline against a single worker pool.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/bench_overhead.py [--json out.json]
+
+It takes about a minute on a 2-core machine with the defaults. Every server runs in this process on
+real uvicorn sockets (127.0.0.1 only); the load generator runs in a separate *process* (multiprocessing,
+spawn) so it never competes with the server for the GIL. The load generator is a minimal asyncio
+HTTP/1.1 keep-alive client (pre-encoded request bytes, Content-Length framing), cheap enough to leave
+the server the CPU. The scripted vLLM-protocol backend (a test double) runs in a third process.
+
+Part 1 - overhead
+    A no-op handler (async init/run/eval that return at once; eval returns 1.0) is served by the real
+    server (`ServerState.build` + `create_app` + `UvicornThread`), with the scripted backend
+    registered (the no-op handler never calls it). `--jobs` jobs go through `POST /process` with
+    `--concurrency` requests in flight: that gives jobs/s. Then `--latency-jobs` jobs go one at a
+    time: "added latency" is the client-observed latency minus the time the job spent inside handler
+    stages (`timing.init_s + run_s + eval_s`, about 0 for no-op). The same client, at the same
+    concurrency, then drives a bare FastAPI/uvicorn endpoint that echoes a JSON body as large as a
+    no-op job result: that is the HTTP ceiling of this machine and Python stack.
+
+Part 2 - pipeline vs single pool
+    A synthetic, seeded workload: INIT is a sandbox start (uniform `--init-ms`), RUN is 1-3 real LLM
+    turns (`ctx.llm.start` / `generate` / `add_messages`) against the scripted backend whose every
+    completion takes `--llm-delay-ms`, EVAL is scoring with a heavy-tailed (clipped lognormal,
+    `--eval-ms`) duration. Every design runs on the same server code, with the same client, the same
+    job list and the same client concurrency; only where stage work runs differs.
+
+    Stage resources are modelled as slots: a sandbox start holds one of `--init-workers` sandbox-start
+    slots (what the container runtime can start at once), scoring holds one of `--eval-workers` CPU
+    slots, an LLM turn holds nothing but its request (the backend batches). The sandbox registered in
+    INIT is released right after RUN, as the server does.
+
+    - pipeline: the three pools, sized to the stage resources: init=I, run=R, eval=E.
+    - single pool (same slots): N = I+R+E generic workers, each running INIT+RUN+EVAL of a job in turn
+      (a handler whose `run` does all three stages, on a RUN pool of N; INIT is not overridden and
+      EVAL only returns the reward). It obeys the same stage resource limits: a worker waits for a
+      sandbox-start or CPU slot while holding its own worker slot. This is the comparison asked for;
+      note that by Little's law a work-conserving single pool of I+R+E workers with the same limits
+      can reach the pipeline's throughput in steady state (pipeline X <= min(I/t_init, R/t_run,
+      E/t_eval) <= (I+R+E)/(t_init+t_run+t_eval)), so expect a ratio near 1 here.
+    - single pool (capped): the single pool without per-stage limits, sized so no stage can exceed its
+      resource: N = min(I, E) workers. This is the usual "N environment workers" design, and where the
+      pipeline's sizing of each stage to its own resource shows (RUN gets R workers, not min(I, E)).
+
+JSON output (`--json PATH`), all times in milliseconds unless the key says otherwise::
+
+    {
+      "machine": {"cpus", "python", "platform", "uvicorn_http", "uvicorn_loop"},
+      "config": {every command-line option},
+      "overhead": {                                   # absent with --skip-overhead
+        "prorl":       {"jobs", "concurrency", "wall_s", "jobs_per_s", "latency_p50_ms", "latency_p99_ms",
+                        "server_cpu_us_per_job", "errors"},
+        "bare_http":   {same keys as "prorl"},
+        "throughput_vs_bare": prorl jobs/s / bare jobs/s,
+        "latency":     {"jobs", "concurrency": 1, "client_p50_ms", "client_p99_ms", "stage_p50_ms",
+                        "added_p50_ms", "added_p99_ms", "errors"},
+        "bare_latency": {"jobs", "concurrency": 1, "client_p50_ms", "client_p99_ms", "errors"},
+        "response_bytes": size of one no-op job result
+      },
+      "pipeline": {                                   # absent with --skip-pipeline
+        "jobs", "seed", "client_concurrency",
+        "workload": {"init_ms", "turns", "llm_delay_ms", "eval_ms", "eval_mean_ms"},
+        "designs": {
+          "pipeline" | "single_pool" | "single_pool_capped": {
+             "workers": {"init", "run", "eval"}, "total_workers", "wall_s", "jobs_per_s", "completed",
+             "errors", "latency_p50_ms", "latency_p99_ms",
+             "mean_stage_ms": {"queue", "init", "run", "eval"},
+             "peak": {"init", "run", "eval", "sandboxes"}   # most stage work / live sandboxes at once
+          }
+        },
+        "speedup_vs_single_pool", "speedup_vs_single_pool_capped"
+      },
+      "checks": [{"metric", "value", "baseline", "target", "pass"}]   # the final table
+    }
+
+The exit code is 0 whatever the figures: this is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Response
+
+from prorl_server import AgentHandler, JobContext
+from prorl_server.api import ServerState, create_app
+from prorl_server.config import ServerSettings
+from prorl_server.handlers import HandlerRegistry
+from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted_backend_app
+from prorl_server.testing.uvicorn_thread import free_port
+
+HOST = "127.0.0.1"
+TARGET_JOBS_PER_S = 1000.0
+TARGET_ADDED_P50_MS = 2.0
+TARGET_SPEEDUP = 2.0
+
+# ------------------------------------------------------------------------------------------------
+# Load generator (runs in its own process)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadSpec:
+    """One load run: pre-encoded HTTP requests sent over `concurrency` keep-alive connections."""
+
+    port: int
+    requests: list[bytes]
+    concurrency: int
+    warmup: list[bytes] = field(default_factory=list)
+    parse_json: bool = False
+    expect: bytes = b""
+
+
+@dataclass
+class LoadResult:
+    """What the client saw: per-request latencies (s), the measured wall time, errors, parsed timings."""
+
+    latencies: list[float]
+    wall_s: float
+    errors: int
+    first_error: str | None
+    timings: list[dict[str, float]]
+    response_bytes: int
+
+
+def encode_post(port: int, path: str, body: dict[str, Any]) -> bytes:
+    """A complete HTTP/1.1 POST request (keep-alive) with a JSON body."""
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    return head + payload
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Read one response framed by Content-Length; returns (status, body)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    at = lower.find(b"\r\ncontent-length:")
+    if at < 0:
+        raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
+    end = lower.index(b"\r\n", at + 2)
+    length = int(lower[at + 17 : end])
+    body = await reader.readexactly(length) if length else b""
+    return status, body
+
+
+async def _run_load(spec: LoadSpec, ready: multiprocessing.connection.Connection) -> LoadResult:
+    """Open the connections, send the warm-up requests, then the measured ones; collect figures."""
+    conns = [await asyncio.open_connection(HOST, spec.port) for _ in range(spec.concurrency)]
+    errors = 0
+    first_error: str | None = None
+    latencies: list[float] = []
+    timings: list[dict[str, float]] = []
+    response_bytes = 0
+
+    async def drive(
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], queue: Iterator[bytes], record: bool
+    ) -> None:
+        nonlocal errors, first_error, response_bytes
+        reader, writer = conn
+        perf = time.perf_counter
+        for request in queue:
+            t0 = perf()
+            writer.write(request)
+            try:
+                status, body = await _read_response(reader)
+            except (OSError, asyncio.IncompleteReadError, RuntimeError, ValueError) as exc:
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+                writer.close()
+                reader, writer = await asyncio.open_connection(HOST, spec.port)
+                continue
+            elapsed = perf() - t0
+            if status != 200 or (spec.expect and spec.expect not in body):
+                errors += 1
+                first_error = first_error or f"HTTP {status}: {body[:300]!r}"
+            if not record:
+                continue
+            latencies.append(elapsed)
+            response_bytes = len(body)
+            if spec.parse_json:
+                timing = json.loads(body).get("timing") or {}
+                timings.append({k: float(v) for k, v in timing.items()})
+
+    warm = iter(spec.warmup)
+    await asyncio.gather(*(drive(c, warm, False) for c in conns))
+    ready.send("start")
+    measured = iter(spec.requests)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(drive(c, measured, True) for c in conns))
+    wall = time.perf_counter() - t0
+    for _, writer in conns:
+        writer.close()
+    return LoadResult(latencies, wall, errors, first_error, timings, response_bytes)
+
+
+def client_process(conn: multiprocessing.connection.Connection) -> None:
+    """Client process main: run each LoadSpec received on `conn`, answer with its LoadResult; None ends."""
+    while True:
+        spec = conn.recv()
+        if spec is None:
+            return
+        try:
+            result: LoadResult | str = asyncio.run(_run_load(spec, conn))
+        except Exception as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        conn.send(result)
+
+
+class LoadClient:
+    """Parent-side handle of the client process."""
+
+    def __init__(self, ctx: multiprocessing.context.SpawnContext) -> None:
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=client_process, args=(child,), name="bench-client", daemon=True)
+        self._proc.start()
+        child.close()
+
+    def run(self, spec: LoadSpec, timeout_s: float) -> tuple[LoadResult, float]:
+        """Run a load; returns the result and the CPU seconds this (server) process used meanwhile."""
+        self._conn.send(spec)
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"the client did not finish warming up within {timeout_s:.0f}s")
+        first = self._conn.recv()
+        if isinstance(first, str) and first != "start":
+            raise RuntimeError(f"client failed: {first}")
+        cpu0 = _cpu_s()
+        if not self._conn.poll(timeout_s):
+            raise TimeoutError(f"the client did not finish within {timeout_s:.0f}s")
+        result = self._conn.recv()
+        cpu = _cpu_s() - cpu0
+        if isinstance(result, str):
+            raise RuntimeError(f"client failed: {result}")
+        return result, cpu
+
+    def close(self) -> None:
+        """Ask the process to exit and join it (terminate it if it does not)."""
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send(None)
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self._conn.close()
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# ------------------------------------------------------------------------------------------------
+# Scripted backend (runs in its own process)
+# ------------------------------------------------------------------------------------------------
+
+
+def backend_process(port: int, delay_s: float, conn: multiprocessing.connection.Connection) -> None:
+    """Serve the scripted vLLM-protocol test double until anything arrives on `conn`."""
+    server = UvicornThread(create_scripted_backend_app(ScriptedBackend(default_delay_s=delay_s)), port=port)
+    server.start()
+    conn.send("ready")
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+    server.stop()
+
+
+class BackendProcess:
+    """Parent-side handle of the scripted backend process."""
+
+    def __init__(self, ctx: multiprocessing.context.SpawnContext, delay_s: float) -> None:
+        self.port = free_port(HOST)
+        self.address = f"http://{HOST}:{self.port}/v1"
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=backend_process, args=(self.port, delay_s, child), name="bench-backend", daemon=True
+        )
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(60) or self._conn.recv() != "ready":
+            raise RuntimeError("the scripted backend did not start")
+
+    def close(self) -> None:
+        """Stop the backend and join its process."""
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send("stop")
+        self._proc.join(15)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self._conn.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Servers under test
+# ------------------------------------------------------------------------------------------------
+
+
+class NoOpHandler(AgentHandler):
+    """Every stage returns at once; reward 1."""
+
+    name = "bench_noop"
+
+    async def init(self, ctx: JobContext) -> None:
+        """Nothing to set up."""
+        return None
+
+    async def run(self, ctx: JobContext) -> None:
+        """No agent loop."""
+        return None
+
+    async def eval(self, ctx: JobContext) -> float:
+        """Always 1."""
+        return 1.0
+
+
+@contextlib.contextmanager
+def prorl_server(handlers: dict[str, AgentHandler], backend: str, **settings: Any) -> Iterator[UvicornThread]:
+    """A real prorl-server (uvicorn on a socket) with `handlers` registered and `backend` added."""
+    registry = HandlerRegistry()
+    for name, handler in handlers.items():
+        registry.register(name, handler)
+    config = ServerSettings(
+        llm_servers=[backend],
+        entry_point_handlers=False,
+        health_check_interval_s=3600.0,
+        default_timeout_s=600.0,
+        **settings,
+    )
+    state = ServerState.build(config, registry=registry)
+    server = UvicornThread(create_app(state=state)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def create_echo_app() -> FastAPI:
+    """The bare-HTTP ceiling: a FastAPI route that parses a JSON body and sends it back."""
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(body: dict[str, Any]) -> Response:
+        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+    return app
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 2: the synthetic workload
+# ------------------------------------------------------------------------------------------------
+
+
+class StageModel:
+    """Stage resources (slots) and counters shared by one design's stage functions.
+
+    `slot(stage)` is a semaphore of the stage's capacity on the running event loop (stages of the
+    pipeline run on different loops; each stage only ever uses its own). Counters are thread-safe.
+    """
+
+    def __init__(self, capacity: dict[str, int]) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._sems: dict[tuple[int, str], asyncio.Semaphore] = {}
+        self.active = {"init": 0, "run": 0, "eval": 0, "sandboxes": 0}
+        self.peak = dict(self.active)
+
+    def _count(self, key: str, delta: int) -> None:
+        with self._lock:
+            self.active[key] += delta
+            self.peak[key] = max(self.peak[key], self.active[key])
+
+    @contextlib.asynccontextmanager
+    async def slot(self, stage: str) -> Any:
+        """Hold one of the stage's resource slots (if it has a limit) while the block runs."""
+        sem: asyncio.Semaphore | None = None
+        if stage in self.capacity:
+            key = (id(asyncio.get_running_loop()), stage)
+            with self._lock:
+                sem = self._sems.get(key)
+                if sem is None:
+                    sem = self._sems[key] = asyncio.Semaphore(self.capacity[stage])
+            await sem.acquire()
+        self._count(stage, 1)
+        try:
+            yield
+        finally:
+            self._count(stage, -1)
+            if sem is not None:
+                sem.release()
+
+    async def init(self, ctx: JobContext) -> None:
+        """Start a sandbox: hold a sandbox-start slot for `init_s`; the sandbox lives until release."""
+        async with self.slot("init"):
+            await asyncio.sleep(float(ctx.instance["init_s"]))
+        self._count("sandboxes", 1)
+        released = False
+
+        def stop_sandbox() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._count("sandboxes", -1)
+
+        ctx.on_release(stop_sandbox)
+
+    async def run(self, ctx: JobContext) -> None:
+        """The agent loop: `turns` real LLM turns, an observation between turns."""
+        async with self.slot("run"):
+            await ctx.llm.start([{"role": "user", "content": f"task {ctx.instance['index']}"}])
+            turns = int(ctx.instance["turns"])
+            for turn in range(turns):
+                await ctx.llm.generate(max_tokens=16)
+                if turn + 1 < turns:
+                    await ctx.llm.add_messages([{"role": "user", "content": f"observation {turn}"}])
+
+    async def eval(self, ctx: JobContext) -> float:
+        """Score: hold a CPU slot for the job's heavy-tailed `eval_s`."""
+        async with self.slot("eval"):
+            await asyncio.sleep(float(ctx.instance["eval_s"]))
+        return 1.0
+
+
+class PipelineStages(AgentHandler):
+    """The pipeline design: each stage in its own pool."""
+
+    name = "bench_pipeline"
+
+    def __init__(self, model: StageModel) -> None:
+        self.model = model
+
+    async def init(self, ctx: JobContext) -> None:
+        """Sandbox start (INIT pool)."""
+        await self.model.init(ctx)
+
+    async def run(self, ctx: JobContext) -> None:
+        """LLM turns (RUN pool)."""
+        await self.model.run(ctx)
+
+    async def eval(self, ctx: JobContext) -> float:
+        """Scoring (EVAL pool)."""
+        return await self.model.eval(ctx)
+
+
+class SinglePoolStages(AgentHandler):
+    """The single-pool design: one worker does INIT, RUN and EVAL of a job in turn (all in `run`)."""
+
+    name = "bench_single"
+
+    def __init__(self, model: StageModel) -> None:
+        self.model = model
+
+    async def run(self, ctx: JobContext) -> None:
+        """INIT + RUN, release the sandbox (as the server does after RUN), then EVAL."""
+        await self.model.init(ctx)
+        await self.model.run(ctx)
+        await ctx.release()
+        ctx.state["reward"] = await self.model.eval(ctx)
+
+    async def eval(self, ctx: JobContext) -> float:
+        """The reward computed in `run`."""
+        return float(ctx.state["reward"])
+
+
+def make_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The seeded job list: per job, INIT seconds, LLM turns and EVAL seconds."""
+    rng = random.Random(args.seed)
+    init_lo, init_hi = args.init_ms
+    eval_lo, eval_hi = args.eval_ms
+    # Lognormal with its median at 1/5 of the range's top, sigma 1: mostly short, a long tail to the cap.
+    mu, sigma = math.log(max(eval_lo, eval_hi / 5)), 1.0
+    jobs = []
+    for index in range(args.pipeline_jobs + args.pipeline_warmup):
+        eval_ms = min(eval_hi, max(eval_lo, rng.lognormvariate(mu, sigma)))
+        jobs.append(
+            {
+                "index": index,
+                "init_s": rng.uniform(init_lo, init_hi) / 1000,
+                "turns": rng.randint(1, 3),
+                "eval_s": eval_ms / 1000,
+            }
+        )
+    return jobs
+
+
+def run_design(
+    name: str,
+    workers: dict[str, int],
+    capacity: dict[str, int],
+    jobs: list[dict[str, Any]],
+    args: argparse.Namespace,
+    client: LoadClient,
+    backend: BackendProcess,
+) -> dict[str, Any]:
+    """Serve one design, push the job list through `POST /process`, summarize."""
+    model = StageModel(capacity)
+    single = name != "pipeline"
+    handler: AgentHandler = SinglePoolStages(model) if single else PipelineStages(model)
+    with prorl_server(
+        {handler.name: handler},
+        backend.address,
+        init_workers=workers["init"],
+        run_workers=workers["run"],
+        eval_workers=workers["eval"],
+    ) as server:
+        bodies = [
+            encode_post(server.port, "/process", {"instance": {"data_source": handler.name, **job}}) for job in jobs
+        ]
+        warm = args.pipeline_warmup
+        spec = LoadSpec(
+            port=server.port,
+            requests=bodies[warm:],
+            warmup=bodies[:warm],
+            concurrency=args.pipeline_concurrency,
+            parse_json=True,
+            expect=b'"status":"completed"',
+        )
+        model.peak = dict(model.active)  # forget the warm-up's peaks
+        result, _ = client.run(spec, args.timeout)
+    timings = result.timings
+
+    def mean_ms(key: str) -> float:
+        return 1000 * statistics.fmean(t.get(key, 0.0) for t in timings) if timings else float("nan")
+
+    total = workers["run"] if single else sum(workers.values())
+    return {
+        "workers": workers,
+        "total_workers": total,
+        "wall_s": result.wall_s,
+        "jobs_per_s": len(result.latencies) / result.wall_s,
+        "completed": len(result.latencies) - result.errors,
+        "errors": result.errors,
+        "first_error": result.first_error,
+        "latency_p50_ms": percentile_ms(result.latencies, 50),
+        "latency_p99_ms": percentile_ms(result.latencies, 99),
+        "mean_stage_ms": {"queue": mean_ms("queue_s"), "init": mean_ms("init_s"), "run": mean_ms("run_s"), "eval": mean_ms("eval_s")},
+        "peak": dict(model.peak),
+    }
+
+
+def part_pipeline(args: argparse.Namespace, client: LoadClient, backend: BackendProcess) -> dict[str, Any]:
+    """Part 2: the same job list through the pipeline and the two single-pool designs."""
+    jobs = make_workload(args)
+    i, r, e = args.init_workers, args.run_workers, args.eval_workers
+    capacity = {"init": i, "eval": e}
+    designs: dict[str, dict[str, Any]] = {}
+    plans = [
+        ("pipeline", {"init": i, "run": r, "eval": e}),
+        ("single_pool", {"init": 1, "run": i + r + e, "eval": 1}),
+        ("single_pool_capped", {"init": 1, "run": min(i, e), "eval": 1}),
+    ]
+    for name, workers in plans:
+        print(f"  part 2: {name} ({workers}) ...", flush=True)
+        designs[name] = run_design(name, workers, capacity, jobs, args, client, backend)
+    measured = jobs[args.pipeline_warmup :]
+    base = designs["pipeline"]["jobs_per_s"]
+    return {
+        "jobs": args.pipeline_jobs,
+        "seed": args.seed,
+        "client_concurrency": args.pipeline_concurrency,
+        "workload": {
+            "init_ms": list(args.init_ms),
+            "turns": [1, 3],
+            "llm_delay_ms": args.llm_delay_ms,
+            "eval_ms": list(args.eval_ms),
+            "eval_mean_ms": 1000 * statistics.fmean(j["eval_s"] for j in measured),
+        },
+        "designs": designs,
+        "speedup_vs_single_pool": base / designs["single_pool"]["jobs_per_s"],
+        "speedup_vs_single_pool_capped": base / designs["single_pool_capped"]["jobs_per_s"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 1: overhead
+# ------------------------------------------------------------------------------------------------
+
+
+def percentile_ms(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of seconds, in milliseconds."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))
+    return 1000 * ordered[rank]
+
+
+def _throughput_figures(result: LoadResult, cpu_s: float, concurrency: int) -> dict[str, Any]:
+    n = len(result.latencies)
+    return {
+        "jobs": n,
+        "concurrency": concurrency,
+        "wall_s": result.wall_s,
+        "jobs_per_s": n / result.wall_s,
+        "latency_p50_ms": percentile_ms(result.latencies, 50),
+        "latency_p99_ms": percentile_ms(result.latencies, 99),
+        "server_cpu_us_per_job": 1e6 * cpu_s / n if n else float("nan"),
+        "errors": result.errors,
+        "first_error": result.first_error,
+    }
+
+
+def part_overhead(args: argparse.Namespace, client: LoadClient, backend: BackendProcess) -> dict[str, Any]:
+    """Part 1: no-op jobs through the real server, then the bare echo endpoint, same client."""
+    out: dict[str, Any] = {}
+    handler = NoOpHandler()
+    with prorl_server({handler.name: handler}, backend.address) as server:
+        request = encode_post(server.port, "/process", {"instance": {"data_source": handler.name, "prompt": "x" * 32}})
+        probe = httpx.post(f"{server.url}/process", json={"instance": {"data_source": handler.name, "prompt": "x" * 32}})
+        probe.raise_for_status()
+        response_bytes = len(probe.content)
+        expect = b'"status":"completed"'
+        print(f"  part 1: prorl-server, {args.jobs} no-op jobs, concurrency {args.concurrency} ...", flush=True)
+        spec = LoadSpec(
+            server.port, [request] * args.jobs, args.concurrency, [request] * args.warmup, expect=expect
+        )
+        result, cpu = client.run(spec, args.timeout)
+        out["prorl"] = _throughput_figures(result, cpu, args.concurrency)
+        print(f"  part 1: prorl-server, {args.latency_jobs} no-op jobs one at a time ...", flush=True)
+        spec = LoadSpec(server.port, [request] * args.latency_jobs, 1, [request] * 50, parse_json=True, expect=expect)
+        result, _ = client.run(spec, args.timeout)
+        stage = [t.get("init_s", 0.0) + t.get("run_s", 0.0) + t.get("eval_s", 0.0) for t in result.timings]
+        added = [lat - s for lat, s in zip(result.latencies, stage, strict=True)]
+        out["latency"] = {
+            "jobs": len(result.latencies),
+            "concurrency": 1,
+            "client_p50_ms": percentile_ms(result.latencies, 50),
+            "client_p99_ms": percentile_ms(result.latencies, 99),
+            "stage_p50_ms": percentile_ms(stage, 50),
+            "added_p50_ms": percentile_ms(added, 50),
+            "added_p99_ms": percentile_ms(added, 99),
+            "errors": result.errors,
+        }
+    with UvicornThread(create_echo_app()) as echo:
+        # Pad the echoed body to the size of a no-op job result.
+        pad = max(0, response_bytes - len(json.dumps({"pad": ""}, separators=(",", ":"))))
+        request = encode_post(echo.port, "/echo", {"pad": "x" * pad})
+        print(f"  part 1: bare FastAPI echo ({response_bytes} B), concurrency {args.concurrency} ...", flush=True)
+        spec = LoadSpec(echo.port, [request] * args.jobs, args.concurrency, [request] * args.warmup)
+        result, cpu = client.run(spec, args.timeout)
+        out["bare_http"] = _throughput_figures(result, cpu, args.concurrency)
+        spec = LoadSpec(echo.port, [request] * args.latency_jobs, 1, [request] * 50)
+        result, _ = client.run(spec, args.timeout)
+        out["bare_latency"] = {
+            "jobs": len(result.latencies),
+            "concurrency": 1,
+            "client_p50_ms": percentile_ms(result.latencies, 50),
+            "client_p99_ms": percentile_ms(result.latencies, 99),
+            "errors": result.errors,
+        }
+    out["throughput_vs_bare"] = out["prorl"]["jobs_per_s"] / out["bare_http"]["jobs_per_s"]
+    out["response_bytes"] = response_bytes
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+
+def _check(metric: str, value: float, baseline: str, target: str, ok: bool | None, unit: str = "") -> dict[str, Any]:
+    return {
+        "metric": metric,
+        "value": f"{value:,.2f}{unit}" if value == value else "n/a",
+        "baseline": baseline,
+        "target": target,
+        "pass": ok,
+    }
+
+
+def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the final table."""
+    rows: list[dict[str, Any]] = []
+    over = report.get("overhead")
+    if over:
+        p, b, lat, blat = over["prorl"], over["bare_http"], over["latency"], over["bare_latency"]
+        rows += [
+            _check(
+                "no-op jobs/s (HTTP /process)",
+                p["jobs_per_s"],
+                f"bare HTTP {b['jobs_per_s']:,.0f}/s",
+                f">= {TARGET_JOBS_PER_S:,.0f}",
+                p["jobs_per_s"] >= TARGET_JOBS_PER_S and p["errors"] == 0,
+                "/s",
+            ),
+            _check(
+                "added latency p50 (c=1)",
+                lat["added_p50_ms"],
+                f"bare HTTP {blat['client_p50_ms']:.2f} ms",
+                f"<= {TARGET_ADDED_P50_MS:g} ms",
+                lat["added_p50_ms"] <= TARGET_ADDED_P50_MS and lat["errors"] == 0,
+                " ms",
+            ),
+            _check("added latency p99 (c=1)", lat["added_p99_ms"], f"bare HTTP {blat['client_p99_ms']:.2f} ms", "-", None, " ms"),
+            _check(
+                f"client latency p50/p99 (c={p['concurrency']})",
+                p["latency_p50_ms"],
+                f"p99 {p['latency_p99_ms']:.2f} ms; bare p50 {b['latency_p50_ms']:.2f}",
+                "-",
+                None,
+                " ms",
+            ),
+            _check(
+                "server CPU per no-op job",
+                p["server_cpu_us_per_job"],
+                f"bare HTTP {b['server_cpu_us_per_job']:,.0f} us",
+                "-",
+                None,
+                " us",
+            ),
+        ]
+    pipe = report.get("pipeline")
+    if pipe:
+        d = pipe["designs"]
+        ok = all(x["errors"] == 0 for x in d.values())
+        rows += [
+            _check(
+                "pipeline jobs/s vs single pool (same slots)",
+                pipe["speedup_vs_single_pool"],
+                f"{d['pipeline']['jobs_per_s']:.0f} vs {d['single_pool']['jobs_per_s']:.0f} jobs/s",
+                f">= {TARGET_SPEEDUP:g}x",
+                pipe["speedup_vs_single_pool"] >= TARGET_SPEEDUP and ok,
+                "x",
+            ),
+            _check(
+                "pipeline jobs/s vs single pool (capped)",
+                pipe["speedup_vs_single_pool_capped"],
+                f"{d['pipeline']['jobs_per_s']:.0f} vs {d['single_pool_capped']['jobs_per_s']:.0f} jobs/s",
+                f">= {TARGET_SPEEDUP:g}x",
+                pipe["speedup_vs_single_pool_capped"] >= TARGET_SPEEDUP and ok,
+                "x",
+            ),
+        ]
+    return rows
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """Human-readable tables."""
+    over = report.get("overhead")
+    if over:
+        print("\nPart 1 - overhead (no-op handler, real uvicorn socket, client in its own process)")
+        print(f"  {'server':<22}{'jobs':>7}{'conc':>6}{'jobs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/job':>12}{'errors':>8}")
+        for label, key in (("prorl-server /process", "prorl"), ("bare FastAPI /echo", "bare_http")):
+            f = over[key]
+            print(
+                f"  {label:<22}{f['jobs']:>7}{f['concurrency']:>6}{f['jobs_per_s']:>10,.0f}{f['latency_p50_ms']:>9.2f}"
+                f"{f['latency_p99_ms']:>9.2f}{f['server_cpu_us_per_job']:>12,.0f}{f['errors']:>8}"
+            )
+        lat, blat = over["latency"], over["bare_latency"]
+        print(
+            f"  one at a time ({lat['jobs']} jobs): prorl client p50 {lat['client_p50_ms']:.2f} ms, p99 "
+            f"{lat['client_p99_ms']:.2f} ms; in stages p50 {lat['stage_p50_ms']:.3f} ms; added p50 "
+            f"{lat['added_p50_ms']:.2f} ms, p99 {lat['added_p99_ms']:.2f} ms; bare p50 {blat['client_p50_ms']:.2f} ms, "
+            f"p99 {blat['client_p99_ms']:.2f} ms"
+        )
+        for key in ("prorl", "bare_http"):
+            if over[key]["first_error"]:
+                print(f"  first error ({key}): {over[key]['first_error']}")
+    pipe = report.get("pipeline")
+    if pipe:
+        w = pipe["workload"]
+        print(
+            f"\nPart 2 - pipeline vs single pool ({pipe['jobs']} jobs, seed {pipe['seed']}, client concurrency "
+            f"{pipe['client_concurrency']}; init U{tuple(w['init_ms'])} ms, 1-3 LLM turns of {w['llm_delay_ms']:g} ms, "
+            f"eval lognormal clipped {tuple(w['eval_ms'])} ms, mean {w['eval_mean_ms']:.1f} ms)"
+        )
+        print(
+            f"  {'design':<20}{'workers i/r/e':>15}{'jobs/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+            f"{'queue/init/run/eval mean ms':>30}{'peak i/r/e/sbx':>17}{'errors':>8}"
+        )
+        for name, f in pipe["designs"].items():
+            wk = f["workers"]
+            st = f["mean_stage_ms"]
+            pk = f["peak"]
+            print(
+                f"  {name:<20}{wk['init']:>5}/{wk['run']:>3}/{wk['eval']:<5}{f['jobs_per_s']:>9.1f}{f['latency_p50_ms']:>9.0f}"
+                f"{f['latency_p99_ms']:>9.0f}{st['queue']:>12.1f}/{st['init']:.1f}/{st['run']:.1f}/{st['eval']:.1f}"
+                f"{pk['init']:>8}/{pk['run']}/{pk['eval']}/{pk['sandboxes']}{f['errors']:>8}"
+            )
+            if f["first_error"]:
+                print(f"    first error: {f['first_error']}")
+        print("  (single pools run every stage inside RUN, so their run column is init+run+eval)")
+    rows = report["checks"]
+    print("\nSummary")
+    widths = [max(len(str(r[k])) for r in [*rows, {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}]) for k in ("metric", "value", "baseline", "target")]
+    header = ("metric", "value", "baseline", "target", "pass/fail")
+    print("  " + "  ".join(h.ljust(w) for h, w in zip(header, [*widths, 9], strict=True)))
+    for r in rows:
+        verdict = "-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
+        cells = (r["metric"], r["value"], r["baseline"], r["target"], verdict)
+        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, [*widths, 9], strict=True)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+
+    def ms_range(text: str) -> tuple[float, float]:
+        lo, _, hi = text.partition(",")
+        return float(lo), float(hi or lo)
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--jobs", type=int, default=5000, help="part 1: no-op jobs for the throughput run")
+    parser.add_argument("--concurrency", type=int, default=64, help="part 1: requests in flight")
+    parser.add_argument("--latency-jobs", type=int, default=500, help="part 1: jobs sent one at a time")
+    parser.add_argument("--warmup", type=int, default=300, help="part 1: unmeasured requests first")
+    parser.add_argument("--pipeline-jobs", type=int, default=600, help="part 2: jobs per design")
+    parser.add_argument("--pipeline-warmup", type=int, default=16, help="part 2: unmeasured jobs first")
+    parser.add_argument("--pipeline-concurrency", type=int, default=128, help="part 2: requests in flight")
+    parser.add_argument("--init-workers", type=int, default=4, help="part 2: I, also the sandbox-start slots")
+    parser.add_argument("--run-workers", type=int, default=8, help="part 2: R")
+    parser.add_argument("--eval-workers", type=int, default=4, help="part 2: E, also the scoring CPU slots")
+    parser.add_argument("--init-ms", type=ms_range, default=(20.0, 60.0), help="part 2: INIT uniform range LO,HI")
+    parser.add_argument("--eval-ms", type=ms_range, default=(1.0, 80.0), help="part 2: EVAL clip range LO,HI")
+    parser.add_argument("--llm-delay-ms", type=float, default=15.0, help="part 2: time per LLM completion")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--timeout", type=float, default=240.0, help="give up on one load run after this (s)")
+    parser.add_argument("--skip-overhead", action="store_true", help="skip part 1")
+    parser.add_argument("--skip-pipeline", action="store_true", help="skip part 2")
+    return parser.parse_args(argv)
+
+
+def _uvicorn_stack() -> tuple[str, str]:
+    try:
+        import httptools  # noqa: F401
+
+        http = "httptools"
+    except ImportError:
+        http = "h11"
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    return http, loop
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; always returns 0."""
+    args = parse_args(argv)
+    http, loop = _uvicorn_stack()
+    report: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "uvicorn_http": http,
+            "uvicorn_loop": loop,
+        },
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+    print(f"prorl-server overhead benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, uvicorn {http}/{loop}")
+    started = time.monotonic()
+    threads_before = {t.ident for t in threading.enumerate()}
+    ctx = multiprocessing.get_context("spawn")
+    client = LoadClient(ctx)
+    backend: BackendProcess | None = None
+    try:
+        backend = BackendProcess(ctx, args.llm_delay_ms / 1000)
+        if not args.skip_overhead:
+            report["overhead"] = part_overhead(args, client, backend)
+        if not args.skip_pipeline:
+            report["pipeline"] = part_pipeline(args, client, backend)
+    finally:
+        client.close()
+        if backend is not None:
+            backend.close()
+    report["checks"] = build_checks(report)
+    report["elapsed_s"] = time.monotonic() - started
+    print_report(report)
+    leaked = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
+    children = multiprocessing.active_children()
+    if leaked or children:
+        print(f"\nWARNING: left running: threads {leaked}, processes {[p.name for p in children]}")
+    print(f"\n(total {report['elapsed_s']:.0f}s; exit code 0 whatever the figures: this is a measurement)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=asdict) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
