@@ -3,7 +3,7 @@
 Run it with the project's Python: `python examples/quickstart.py`. It starts two processes and stops both
 when it ends (also on Ctrl-C, SIGTERM or an error):
 
-1. `python -m prorl_server.testing.scripted_backend`: a SCRIPTED TEST DOUBLE speaking vLLM's HTTP protocol.
+1. `python -m prorl_server.testing`: a SCRIPTED TEST DOUBLE speaking vLLM's HTTP protocol.
    It is not an LLM: it answers with the replies this script queues on its `POST /script`, in order.
 2. `prorl-server serve` with the example Countdown handler loaded from its file
    (examples/custom_handler/src/prorl_example_handlers/countdown.py).
@@ -96,7 +96,7 @@ def run_demo(procs: list[subprocess.Popen[bytes]], logs: Path) -> int:
     double_port, server_port = free_port(), free_port()
     double = f"http://127.0.0.1:{double_port}"
     print(f"[1/4] starting the SCRIPTED TEST DOUBLE on {double} (not a real LLM: it replays queued replies)")
-    proc = launch([sys.executable, "-m", "prorl_server.testing.scripted_backend", "--port", str(double_port),
+    proc = launch([sys.executable, "-m", "prorl_server.testing", "--port", str(double_port),
                    "--delay", "0.05"], logs / "scripted_backend.log", procs)  # fmt: skip
     wait_healthy(f"{double}/health", proc)
     server = f"http://127.0.0.1:{server_port}"

@@ -103,7 +103,7 @@ def test_weight_version_update_applies_to_next_turns(server, backend):
 
 def spawn_backend(port: int, delay: float) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prorl_server.testing.scripted_backend", "--port", str(port), "--delay", str(delay)],
+        [sys.executable, "-m", "prorl_server.testing", "--port", str(port), "--delay", str(delay)],
     )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

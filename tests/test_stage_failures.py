@@ -79,3 +79,22 @@ def test_exception_hooks_can_recover_and_final_result_can_amend(start_server, ba
     broken = server.http.post("/process", json={"instance": {"data_source": "broken_final"}}).json()
     assert broken["status"] == "failed"
     assert broken["error"] == {"stage": "final_result", "type": "RuntimeError", "message": "oops"}
+
+
+class NonJsonArtifacts(AgentHandler):
+    name = "nonjson"
+
+    async def run(self, ctx: JobContext) -> None:
+        ctx.artifacts["sandbox"] = object()
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+def test_non_json_artifacts_fail_the_job_and_never_break_retrieval(start_server, backend):
+    server = start_server([backend.address], handlers={"nonjson": NonJsonArtifacts()})
+    result = server.http.post("/process", json={"instance": {"data_source": "nonjson"}, "job_id": "nj"}).json()
+    assert result["status"] == "failed" and result["error"]["type"] == "InvalidResult"
+    assert "JSON" in result["error"]["message"] and result["artifacts"] == {}
+    assert server.http.get("/jobs/nj").status_code == 200
+    assert server.http.get("/jobs").status_code == 200

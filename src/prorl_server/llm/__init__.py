@@ -8,6 +8,7 @@ from prorl_server.llm.errors import (
     ChatTemplateError,
     LLMError,
     NoBackendAvailable,
+    SessionFinished,
 )
 from prorl_server.llm.placement import MinHeapPolicy, PlacementPolicy, StickyLeastLoadedPolicy, make_policy
 from prorl_server.llm.session import LLMSession
@@ -25,6 +26,7 @@ __all__ = [
     "MinHeapPolicy",
     "NoBackendAvailable",
     "PlacementPolicy",
+    "SessionFinished",
     "StickyLeastLoadedPolicy",
     "VLLMClient",
     "make_policy",

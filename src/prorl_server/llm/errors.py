@@ -25,3 +25,7 @@ class NoBackendAvailable(LLMError):
 
 class ChatTemplateError(LLMError):
     """The backend's chat template cannot be used for incremental (delta) tokenization."""
+
+
+class SessionFinished(LLMError):
+    """The job has ended (finished, timed out or cancelled); its session takes no more calls."""

@@ -12,13 +12,14 @@ stream equals what the template would give for the same messages.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool
-from prorl_server.llm.errors import BackendUnavailable, ChatTemplateError, NoBackendAvailable
+from prorl_server.llm.errors import BackendUnavailable, ChatTemplateError, NoBackendAvailable, SessionFinished
 from prorl_server.llm.vllm_client import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
 
@@ -73,6 +74,8 @@ class LLMSession:
         self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
         self.max_failovers = max_failovers
         self._turn_open = False
+        self._finished = False
+        self._lock = threading.Lock()
 
     # public API ---------------------------------------------------------------------------------
 
@@ -174,8 +177,20 @@ class LLMSession:
         return await self._with_backend(lambda b: self.pool.client.detokenize(b.address, b.model, ids))
 
     def close(self) -> None:
-        """Unpin the job from its backend (idempotent)."""
+        """Unpin the job from its backend (idempotent); a later call pins it again."""
         self.pool.release(self.job_id)
+
+    def finish(self) -> None:
+        """Unpin for good: the job is terminal, and any later call raises SessionFinished."""
+        with self._lock:
+            self._finished = True
+            self.pool.release(self.job_id)
+
+    def _acquire(self) -> Backend:
+        with self._lock:
+            if self._finished:
+                raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
+            return self.pool.acquire(self.job_id)
 
     # internals ----------------------------------------------------------------------------------
 
@@ -205,7 +220,7 @@ class LLMSession:
         """Run `call` on the pinned backend; on an unreachable backend, re-place and resend."""
         errors: list[str] = []
         for _ in range(self.max_failovers + 1):
-            backend = self.pool.acquire(self.job_id)
+            backend = self._acquire()
             try:
                 await self.pool.resolve_model(backend)
                 return await call(backend), backend

@@ -8,6 +8,8 @@ import threading
 import uuid
 from typing import Any
 
+from pydantic import ValidationError
+
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import (
     AGENT_CONFIG_KEYS,
@@ -323,6 +325,7 @@ class Orchestrator:
 
     def _store(self, job: Job) -> None:
         assert job.result is not None
+        job.ctx.llm.finish()  # a stage that ignored cancellation can no longer pin a backend
         self.results.put(job.result)
         with self._lock:
             if self._live.get(job.id) is job:
@@ -340,23 +343,31 @@ class Orchestrator:
         timer = job.timer
         stage_s = {s: timer.stage_seconds(s) for s in STAGES}
         total = timer.wall_s()
-        return JobResult(
-            job_id=job.id,
-            status=status,
-            reward=reward,
-            trajectory=_snapshot(job.ctx.trajectory),
-            eval=details or {},
-            artifacts=dict(job.ctx.artifacts),
-            error=error,
-            timing=StageTiming(
+        fields: dict[str, Any] = {
+            "job_id": job.id,
+            "reward": reward,
+            "trajectory": _snapshot(job.ctx.trajectory),
+            "timing": StageTiming(
                 queue_s=max(0.0, total - sum(stage_s.values())),
                 init_s=stage_s["init"],
                 run_s=stage_s["run"],
                 eval_s=stage_s["eval"],
                 total_s=total,
             ),
-            data_source=job.ctx.data_source,
-        )
+            "data_source": job.ctx.data_source,
+        }
+        try:
+            return JobResult(
+                status=status, eval=details or {}, artifacts=dict(job.ctx.artifacts), error=error, **fields
+            )
+        except ValidationError as exc:
+            fields["reward"] = None
+            message = f"artifacts and eval details must be JSON values (str, number, bool, None, list, dict): {exc}"
+            return JobResult(
+                status=JobStatus.FAILED,
+                error=ErrorInfo(stage="result", type="InvalidResult", message=message),
+                **fields,
+            )
 
 
 def _snapshot(traj: Trajectory) -> Trajectory:

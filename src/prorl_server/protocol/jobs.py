@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 
 class JobStatus(StrEnum):
@@ -61,7 +61,7 @@ class Trajectory(BaseModel):
     response_mask: list[int] = Field(default_factory=list, description="1 = model token, 0 = observation")
     response_logprobs: list[float] = Field(default_factory=list, description="0.0 on observation tokens")
     turns: list[TurnRecord] = Field(default_factory=list)
-    messages: list[dict[str, Any]] = Field(default_factory=list)
+    messages: list[dict[str, JsonValue]] = Field(default_factory=list)
 
 
 class ErrorInfo(BaseModel):
@@ -89,8 +89,8 @@ class JobResult(BaseModel):
     status: JobStatus
     reward: float | None = None
     trajectory: Trajectory = Field(default_factory=Trajectory)
-    eval: dict[str, Any] = Field(default_factory=dict)
-    artifacts: dict[str, Any] = Field(default_factory=dict)
+    eval: dict[str, JsonValue] = Field(default_factory=dict)
+    artifacts: dict[str, JsonValue] = Field(default_factory=dict)
     error: ErrorInfo | None = None
     timing: StageTiming = Field(default_factory=StageTiming)
     data_source: str | None = None

@@ -3,12 +3,11 @@
 It returns token ids and logprobs the test controls (queue replies with `POST /script` or
 `ScriptedBackend.push`), records every request, and notices when a client disconnects mid-generation
 (as vLLM aborts the request then). Its tokenizer is a toy: ChatML specials are single ids, every other
-character is its code point + 10. Run it standalone with `python -m prorl_server.testing.scripted_backend`.
+character is its code point + 10. Run it standalone with `python -m prorl_server.testing`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import threading
@@ -222,21 +221,3 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         return [{"prompt": r.prompt, "params": r.params, "outcome": r.outcome} for r in backend.requests]
 
     return app
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Serve the scripted backend (a test double) on a port."""
-    import uvicorn
-
-    parser = argparse.ArgumentParser(description="Scripted vLLM-protocol backend (a TEST DOUBLE, not an LLM).")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--delay", type=float, default=0.0, help="default seconds per completion")
-    parser.add_argument("--legacy-token-strings", action="store_true", help="answer with token_id:N strings only")
-    args = parser.parse_args(argv)
-    backend = ScriptedBackend(legacy_token_strings=args.legacy_token_strings, default_delay_s=args.delay)
-    uvicorn.run(create_scripted_backend_app(backend), host=args.host, port=args.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,25 @@
+"""`python -m prorl_server.testing`: serve the scripted vLLM-protocol backend (a TEST DOUBLE, not an LLM)."""
+
+from __future__ import annotations
+
+import argparse
+
+from prorl_server.testing.scripted_backend import ScriptedBackend, create_scripted_backend_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the scripted backend (a test double) on a port."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Scripted vLLM-protocol backend (a TEST DOUBLE, not an LLM).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--delay", type=float, default=0.0, help="default seconds per completion")
+    parser.add_argument("--legacy-token-strings", action="store_true", help="answer with token_id:N strings only")
+    args = parser.parse_args(argv)
+    backend = ScriptedBackend(legacy_token_strings=args.legacy_token_strings, default_delay_s=args.delay)
+    uvicorn.run(create_scripted_backend_app(backend), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
