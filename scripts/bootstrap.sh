@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install prorl-server into it with the given extras, e.g. `bootstrap.sh test`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-python3}"
+"$python" - <<'PY' || { echo "prorl-server needs Python >= 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+if [ ! -x "$root/.venv/bin/python" ]; then
+  echo "==> creating $root/.venv"
+  "$python" -m venv "$root/.venv"
+fi
+extras="${1:-}"
+target="$root"
+[ -n "$extras" ] && target="$root[$extras]"
+echo "==> installing prorl-server${extras:+ [$extras]} into .venv"
+"$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+"$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$target"
