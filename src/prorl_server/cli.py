@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=defaults.default_timeout_s, help="default job budget (s)")
     serve.add_argument("--retention", type=float, default=defaults.result_retention_s, help="result retention (s)")
     serve.add_argument("--health-interval", type=float, default=defaults.health_check_interval_s)
+    serve.add_argument(
+        "--llm-timeout", type=float, default=defaults.llm_request_timeout_s, help="seconds per LLM request"
+    )
+    serve.add_argument(
+        "--cancel-grace", type=float, default=defaults.cancel_grace_s, help="seconds a cancelled stage gets to unwind"
+    )
     serve.add_argument("--no-autostart", action="store_true", help="wait for POST /start before accepting jobs")
     serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
     return parser
@@ -53,6 +59,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         default_timeout_s=args.timeout,
         result_retention_s=args.retention,
         health_check_interval_s=args.health_interval,
+        llm_request_timeout_s=args.llm_timeout,
+        cancel_grace_s=args.cancel_grace,
         autostart=not args.no_autostart,
         log_level=args.log_level,
     )

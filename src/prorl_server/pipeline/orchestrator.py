@@ -118,7 +118,11 @@ class Orchestrator:
             if job.id in self._live:
                 raise DuplicateJob(f"job_id {job.id!r} is already in flight; wait for it, cancel it, or use another id")
             self._live[job.id] = job
-        self.pools["init"].put(job)
+        if overrides(handler, "init"):
+            self.pools["init"].put(job)
+        else:  # nothing to do in INIT: skip its queue and thread hop
+            job.next_stage = "run"
+            self.pools["run"].put(job)
         return job
 
     def _make_job(self, request: ProcessRequest, handler: AgentHandler, data_source: str) -> Job:
@@ -210,9 +214,6 @@ class Orchestrator:
             await ctx.release()
             return
         handler = job.handler
-        if stage == "init" and not overrides(handler, "init"):
-            await self._advance(job, stage, None)
-            return
         pool = self.pools[stage]
         ctx._loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(call_handler(getattr(handler, stage), ctx, executor=pool.executor))
