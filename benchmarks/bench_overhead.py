@@ -2,80 +2,96 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/bench_overhead.py [--json out.json]
+    .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin]
 
-It takes about a minute on a 2-core machine with the defaults. Every server runs in this process on
-real uvicorn sockets (127.0.0.1 only); the load generator runs in a separate *process* (multiprocessing,
-spawn) so it never competes with the server for the GIL. The load generator is a minimal asyncio
-HTTP/1.1 keep-alive client (pre-encoded request bytes, Content-Length framing), cheap enough to leave
-the server the CPU. The scripted vLLM-protocol backend (a test double) runs in a third process.
+About a minute on a 2-core machine with the defaults. Every server under test runs in this process on
+a real uvicorn socket (127.0.0.1 only). The load generator runs in its own *process* (multiprocessing,
+spawn) so it never competes with the server for the GIL; it is a minimal asyncio HTTP/1.1 keep-alive
+client (pre-encoded request bytes, Content-Length framing), cheap on CPU. The scripted vLLM-protocol
+backend (a test double, `prorl_server.testing`) runs in a third process. `--pin` puts the client and
+the backend on the last CPU and the server on the others (by default the OS places everything).
+Other work on the machine skews the figures: the 1-minute load average at start is printed and kept.
 
 Part 1 - overhead
-    A no-op handler (async init/run/eval that return at once; eval returns 1.0) is served by the real
-    server (`ServerState.build` + `create_app` + `UvicornThread`), with the scripted backend
-    registered (the no-op handler never calls it). `--jobs` jobs go through `POST /process` with
-    `--concurrency` requests in flight: that gives jobs/s. Then `--latency-jobs` jobs go one at a
-    time: "added latency" is the client-observed latency minus the time the job spent inside handler
-    stages (`timing.init_s + run_s + eval_s`, about 0 for no-op). The same client, at the same
-    concurrency, then drives a bare FastAPI/uvicorn endpoint that echoes a JSON body as large as a
-    no-op job result: that is the HTTP ceiling of this machine and Python stack.
+    A no-op handler (async init/run/eval that return at once; eval returns 1.0) on the real server
+    (`ServerState.build` + `create_app` + `UvicornThread`), with the scripted backend registered (the
+    no-op handler never calls it; health checks every hour). First `--latency-jobs` jobs go one at a
+    time through `POST /process` on the fresh server: "added latency" is the client-observed latency
+    minus the time the job spent inside handler stages (`timing.init_s + run_s + eval_s`, about 0.2 ms
+    of stage machinery for no-op). Then `--jobs` jobs go with `--concurrency` requests in flight:
+    jobs/s, and the server process's CPU time per job. The same client then does the same against a
+    bare FastAPI/uvicorn route that parses a JSON body and echoes it, padded to the size of a no-op
+    job result: the HTTP ceiling of this machine and Python stack.
 
 Part 2 - pipeline vs single pool
-    A synthetic, seeded workload: INIT is a sandbox start (uniform `--init-ms`), RUN is 1-3 real LLM
-    turns (`ctx.llm.start` / `generate` / `add_messages`) against the scripted backend whose every
-    completion takes `--llm-delay-ms`, EVAL is scoring with a heavy-tailed (clipped lognormal,
-    `--eval-ms`) duration. Every design runs on the same server code, with the same client, the same
-    job list and the same client concurrency; only where stage work runs differs.
+    A seeded synthetic workload: INIT is a sandbox start (uniform in `--init-ms`), RUN is 1-3 real LLM
+    turns (`ctx.llm.start`, `generate`, `add_messages` between turns) against the scripted backend,
+    each completion taking `--llm-delay-ms`; EVAL is scoring with a heavy-tailed duration (lognormal,
+    median a fifth of the range's top, clipped to `--eval-ms`). Every design runs the same job list on
+    the same server code, through the same client at the same concurrency (`--pipeline-concurrency`,
+    more than any design's workers, so every design always has work queued).
 
-    Stage resources are modelled as slots: a sandbox start holds one of `--init-workers` sandbox-start
-    slots (what the container runtime can start at once), scoring holds one of `--eval-workers` CPU
-    slots, an LLM turn holds nothing but its request (the backend batches). The sandbox registered in
-    INIT is released right after RUN, as the server does.
+    Stage resources are slots. A sandbox start holds one of I sandbox-start slots (what the container
+    runtime can start at once), scoring holds one of E CPU slots, an LLM turn holds only its request
+    (the backend batches). The sandbox started in INIT lives until right after RUN, as in the server.
 
-    - pipeline: the three pools, sized to the stage resources: init=I, run=R, eval=E.
-    - single pool (same slots): N = I+R+E generic workers, each running INIT+RUN+EVAL of a job in turn
-      (a handler whose `run` does all three stages, on a RUN pool of N; INIT is not overridden and
-      EVAL only returns the reward). It obeys the same stage resource limits: a worker waits for a
-      sandbox-start or CPU slot while holding its own worker slot. This is the comparison asked for;
-      note that by Little's law a work-conserving single pool of I+R+E workers with the same limits
-      can reach the pipeline's throughput in steady state (pipeline X <= min(I/t_init, R/t_run,
-      E/t_eval) <= (I+R+E)/(t_init+t_run+t_eval)), so expect a ratio near 1 here.
-    - single pool (capped): the single pool without per-stage limits, sized so no stage can exceed its
-      resource: N = min(I, E) workers. This is the usual "N environment workers" design, and where the
-      pipeline's sizing of each stage to its own resource shows (RUN gets R workers, not min(I, E)).
+    - pipeline: the three pools sized to the stage resources: init=I, run=R, eval=E
+      (`--init-workers`, `--run-workers`, `--eval-workers`).
+    - single_pool (same slots): N = I+R+E generic workers, each doing INIT, RUN and EVAL of one job in
+      turn: a handler whose `run` does all three, on a RUN pool of N (INIT is not overridden, EVAL only
+      returns the reward). It obeys the same stage limits: a worker waits for a sandbox-start or CPU
+      slot while holding its own worker slot. This is the comparison the target is about. Note that
+      it is the best case for a single pool: for a pipeline to sustain X jobs/s each pool needs at
+      least X*t_stage workers, so I+R+E >= X*(t_init+t_run+t_eval), which is just what N workers need
+      to sustain X (Little's law). With equal slots and work-conserving stages the pipeline cannot be
+      faster in steady state; expect a ratio near 1.
+    - single_pool_capped: the single pool as usually built, without per-stage limits (each worker
+      owns what every stage needs, like "N environment workers"). Then N must not exceed any stage's
+      resource, so N = min(I, E). This is where sizing each stage to its own resource pays: RUN gets
+      R workers instead of min(I, E).
 
-JSON output (`--json PATH`), all times in milliseconds unless the key says otherwise::
+JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
 
     {
-      "machine": {"cpus", "python", "platform", "uvicorn_http", "uvicorn_loop"},
+      "machine": {"cpus", "python", "platform", "uvicorn_http", "uvicorn_loop", "load_avg_1m_at_start",
+                  "pinning": {"server", "helpers"}},     # CPU lists, only with --pin
       "config": {every command-line option},
-      "overhead": {                                   # absent with --skip-overhead
-        "prorl":       {"jobs", "concurrency", "wall_s", "jobs_per_s", "latency_p50_ms", "latency_p99_ms",
-                        "server_cpu_us_per_job", "errors"},
-        "bare_http":   {same keys as "prorl"},
+      "elapsed_s": wall time of the whole benchmark,
+      "overhead": {                                      # absent with --skip-overhead
+        "prorl":     {"jobs", "concurrency", "wall_s", "jobs_per_s", "latency_p50_ms", "latency_p99_ms",
+                      "server_cpu_us_per_job", "errors", "first_error"},
+        "bare_http": {same keys as "prorl"},
         "throughput_vs_bare": prorl jobs/s / bare jobs/s,
-        "latency":     {"jobs", "concurrency": 1, "client_p50_ms", "client_p99_ms", "stage_p50_ms",
-                        "added_p50_ms", "added_p99_ms", "errors"},
+        "latency":   {"jobs", "concurrency": 1, "client_p50_ms", "client_p99_ms",
+                      "stage_p50_ms",           # inside handler stages (timing.init_s + run_s + eval_s)
+                      "server_total_p50_ms",    # submit -> result inside the server (timing.total_s)
+                      "server_queue_p50_ms",    # of which between stages: queues, thread hand-offs
+                      "added_p50_ms", "added_p99_ms", "errors"},
         "bare_latency": {"jobs", "concurrency": 1, "client_p50_ms", "client_p99_ms", "errors"},
         "response_bytes": size of one no-op job result
       },
-      "pipeline": {                                   # absent with --skip-pipeline
+      "pipeline": {                                      # absent with --skip-pipeline
         "jobs", "seed", "client_concurrency",
         "workload": {"init_ms", "turns", "llm_delay_ms", "eval_ms", "eval_mean_ms"},
         "designs": {
           "pipeline" | "single_pool" | "single_pool_capped": {
-             "workers": {"init", "run", "eval"}, "total_workers", "wall_s", "jobs_per_s", "completed",
-             "errors", "latency_p50_ms", "latency_p99_ms",
-             "mean_stage_ms": {"queue", "init", "run", "eval"},
-             "peak": {"init", "run", "eval", "sandboxes"}   # most stage work / live sandboxes at once
+            "workers": {"init", "run", "eval"},   # pool sizes given to the server
+            "total_workers",                      # I+R+E for the pipeline, N for the single pools
+            "wall_s", "jobs_per_s", "completed", "errors", "first_error",
+            "latency_p50_ms", "latency_p99_ms",   # client-observed, queueing included
+            "mean_stage_ms": {"queue", "init", "run", "eval"},   # from result timing
+            "peak": {"init", "run", "eval", "sandboxes"}         # most stage work / live sandboxes at once
           }
         },
-        "speedup_vs_single_pool", "speedup_vs_single_pool_capped"
+        "speedup_vs_single_pool", "speedup_vs_single_pool_capped"   # pipeline jobs/s / design jobs/s
       },
-      "checks": [{"metric", "value", "baseline", "target", "pass"}]   # the final table
+      "checks": [{"metric", "value", "baseline", "target", "pass"}],  # the summary table; pass is
+                                                                     # true/false, or null without target
+      "failures": {part: error message}               # parts that could not run (normally empty)
     }
 
-The exit code is 0 whatever the figures: this is a measurement, not a test.
+The exit code is 0 whatever the figures (this is a measurement, not a test); it is 1 only when a part
+could not run at all (its error is printed and kept under "failures": {part: message}).
 """
 
 from __future__ import annotations
@@ -94,8 +110,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -234,27 +250,48 @@ class LoadClient:
     """Parent-side handle of the client process."""
 
     def __init__(self, ctx: multiprocessing.context.SpawnContext) -> None:
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=client_process, args=(child,), name="bench-client", daemon=True)
+        self._ctx = ctx
+        self._start()
+
+    def _start(self) -> None:
+        self._conn, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=client_process, args=(child,), name="bench-client", daemon=True)
         self._proc.start()
         child.close()
 
-    def run(self, spec: LoadSpec, timeout_s: float) -> tuple[LoadResult, float]:
-        """Run a load; returns the result and the CPU seconds this (server) process used meanwhile."""
+    def _wait(self, timeout_s: float, what: str) -> Any:
+        """The next message from the client; on a time-out, replace the (busy) client and raise."""
+        if not self._conn.poll(timeout_s):
+            self._proc.terminate()
+            self._proc.join(5)
+            self._conn.close()
+            self._start()
+            raise TimeoutError(f"the client did not finish {what} within {timeout_s:g}s")
+        return self._conn.recv()
+
+    def run(
+        self, spec: LoadSpec, timeout_s: float, on_start: Callable[[], None] | None = None
+    ) -> tuple[LoadResult, float]:
+        """Run a load; returns the result and the CPU seconds this (server) process used while the
+        measured requests ran. `on_start` is called when the warm-up is over."""
         self._conn.send(spec)
-        if not self._conn.poll(timeout_s):
-            raise TimeoutError(f"the client did not finish warming up within {timeout_s:.0f}s")
-        first = self._conn.recv()
-        if isinstance(first, str) and first != "start":
+        first = self._wait(timeout_s, "warming up")
+        if first != "start":
             raise RuntimeError(f"client failed: {first}")
+        if on_start is not None:
+            on_start()
         cpu0 = _cpu_s()
-        if not self._conn.poll(timeout_s):
-            raise TimeoutError(f"the client did not finish within {timeout_s:.0f}s")
-        result = self._conn.recv()
+        result = self._wait(timeout_s, "the measured requests")
         cpu = _cpu_s() - cpu0
         if isinstance(result, str):
             raise RuntimeError(f"client failed: {result}")
         return result, cpu
+
+    @property
+    def pid(self) -> int:
+        """The client process id."""
+        assert self._proc.pid is not None
+        return self._proc.pid
 
     def close(self) -> None:
         """Ask the process to exit and join it (terminate it if it does not)."""
@@ -282,10 +319,8 @@ def backend_process(port: int, delay_s: float, conn: multiprocessing.connection.
     server = UvicornThread(create_scripted_backend_app(ScriptedBackend(default_delay_s=delay_s)), port=port)
     server.start()
     conn.send("ready")
-    try:
+    with contextlib.suppress(EOFError):
         conn.recv()
-    except EOFError:
-        pass
     server.stop()
 
 
@@ -303,6 +338,12 @@ class BackendProcess:
         child.close()
         if not self._conn.poll(60) or self._conn.recv() != "ready":
             raise RuntimeError("the scripted backend did not start")
+
+    @property
+    def pid(self) -> int:
+        """The backend process id."""
+        assert self._proc.pid is not None
+        return self._proc.pid
 
     def close(self) -> None:
         """Stop the backend and join its process."""
@@ -389,13 +430,18 @@ class StageModel:
         self.active = {"init": 0, "run": 0, "eval": 0, "sandboxes": 0}
         self.peak = dict(self.active)
 
+    def reset_peaks(self) -> None:
+        """Forget the peaks seen so far (after the warm-up)."""
+        with self._lock:
+            self.peak = dict(self.active)
+
     def _count(self, key: str, delta: int) -> None:
         with self._lock:
             self.active[key] += delta
             self.peak[key] = max(self.peak[key], self.active[key])
 
     @contextlib.asynccontextmanager
-    async def slot(self, stage: str) -> Any:
+    async def slot(self, stage: str) -> AsyncIterator[None]:
         """Hold one of the stage's resource slots (if it has a limit) while the block runs."""
         sem: asyncio.Semaphore | None = None
         if stage in self.capacity:
@@ -539,8 +585,7 @@ def run_design(
             parse_json=True,
             expect=b'"status":"completed"',
         )
-        model.peak = dict(model.active)  # forget the warm-up's peaks
-        result, _ = client.run(spec, args.timeout)
+        result, _ = client.run(spec, args.timeout, on_start=model.reset_peaks)
     timings = result.timings
 
     def mean_ms(key: str) -> float:
@@ -557,7 +602,12 @@ def run_design(
         "first_error": result.first_error,
         "latency_p50_ms": percentile_ms(result.latencies, 50),
         "latency_p99_ms": percentile_ms(result.latencies, 99),
-        "mean_stage_ms": {"queue": mean_ms("queue_s"), "init": mean_ms("init_s"), "run": mean_ms("run_s"), "eval": mean_ms("eval_s")},
+        "mean_stage_ms": {
+            "queue": mean_ms("queue_s"),
+            "init": mean_ms("init_s"),
+            "run": mean_ms("run_s"),
+            "eval": mean_ms("eval_s"),
+        },
         "peak": dict(model.peak),
     }
 
@@ -630,16 +680,13 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
     handler = NoOpHandler()
     with prorl_server({handler.name: handler}, backend.address) as server:
         request = encode_post(server.port, "/process", {"instance": {"data_source": handler.name, "prompt": "x" * 32}})
-        probe = httpx.post(f"{server.url}/process", json={"instance": {"data_source": handler.name, "prompt": "x" * 32}})
+        probe = httpx.post(
+            f"{server.url}/process", json={"instance": {"data_source": handler.name, "prompt": "x" * 32}}
+        )
         probe.raise_for_status()
         response_bytes = len(probe.content)
         expect = b'"status":"completed"'
-        print(f"  part 1: prorl-server, {args.jobs} no-op jobs, concurrency {args.concurrency} ...", flush=True)
-        spec = LoadSpec(
-            server.port, [request] * args.jobs, args.concurrency, [request] * args.warmup, expect=expect
-        )
-        result, cpu = client.run(spec, args.timeout)
-        out["prorl"] = _throughput_figures(result, cpu, args.concurrency)
+        # Latency first, on a fresh server: one job at a time, nothing queued, no results piled up.
         print(f"  part 1: prorl-server, {args.latency_jobs} no-op jobs one at a time ...", flush=True)
         spec = LoadSpec(server.port, [request] * args.latency_jobs, 1, [request] * 50, parse_json=True, expect=expect)
         result, _ = client.run(spec, args.timeout)
@@ -651,18 +698,20 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
             "client_p50_ms": percentile_ms(result.latencies, 50),
             "client_p99_ms": percentile_ms(result.latencies, 99),
             "stage_p50_ms": percentile_ms(stage, 50),
+            "server_total_p50_ms": percentile_ms([t.get("total_s", 0.0) for t in result.timings], 50),
+            "server_queue_p50_ms": percentile_ms([t.get("queue_s", 0.0) for t in result.timings], 50),
             "added_p50_ms": percentile_ms(added, 50),
             "added_p99_ms": percentile_ms(added, 99),
             "errors": result.errors,
         }
+        print(f"  part 1: prorl-server, {args.jobs} no-op jobs, concurrency {args.concurrency} ...", flush=True)
+        spec = LoadSpec(server.port, [request] * args.jobs, args.concurrency, [request] * args.warmup, expect=expect)
+        result, cpu = client.run(spec, args.timeout)
+        out["prorl"] = _throughput_figures(result, cpu, args.concurrency)
     with UvicornThread(create_echo_app()) as echo:
         # Pad the echoed body to the size of a no-op job result.
         pad = max(0, response_bytes - len(json.dumps({"pad": ""}, separators=(",", ":"))))
         request = encode_post(echo.port, "/echo", {"pad": "x" * pad})
-        print(f"  part 1: bare FastAPI echo ({response_bytes} B), concurrency {args.concurrency} ...", flush=True)
-        spec = LoadSpec(echo.port, [request] * args.jobs, args.concurrency, [request] * args.warmup)
-        result, cpu = client.run(spec, args.timeout)
-        out["bare_http"] = _throughput_figures(result, cpu, args.concurrency)
         spec = LoadSpec(echo.port, [request] * args.latency_jobs, 1, [request] * 50)
         result, _ = client.run(spec, args.timeout)
         out["bare_latency"] = {
@@ -672,6 +721,10 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
             "client_p99_ms": percentile_ms(result.latencies, 99),
             "errors": result.errors,
         }
+        print(f"  part 1: bare FastAPI echo ({response_bytes} B), concurrency {args.concurrency} ...", flush=True)
+        spec = LoadSpec(echo.port, [request] * args.jobs, args.concurrency, [request] * args.warmup)
+        result, cpu = client.run(spec, args.timeout)
+        out["bare_http"] = _throughput_figures(result, cpu, args.concurrency)
     out["throughput_vs_bare"] = out["prorl"]["jobs_per_s"] / out["bare_http"]["jobs_per_s"]
     out["response_bytes"] = response_bytes
     return out
@@ -682,79 +735,79 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
 # ------------------------------------------------------------------------------------------------
 
 
-def _check(metric: str, value: float, baseline: str, target: str, ok: bool | None, unit: str = "") -> dict[str, Any]:
-    return {
-        "metric": metric,
-        "value": f"{value:,.2f}{unit}" if value == value else "n/a",
-        "baseline": baseline,
-        "target": target,
-        "pass": ok,
-    }
+def _row(metric: str, value: str, baseline: str, target: str, ok: bool | None) -> dict[str, Any]:
+    return {"metric": metric, "value": value, "baseline": baseline, "target": target, "pass": ok}
 
 
 def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of the final table."""
+    """The rows of the final table; `pass` is None for figures without a target."""
     rows: list[dict[str, Any]] = []
     over = report.get("overhead")
     if over:
         p, b, lat, blat = over["prorl"], over["bare_http"], over["latency"], over["bare_latency"]
+        c = p["concurrency"]
         rows += [
-            _check(
-                "no-op jobs/s (HTTP /process)",
-                p["jobs_per_s"],
+            _row(
+                f"no-op jobs/s, POST /process, c={c}",
+                f"{p['jobs_per_s']:,.0f}/s",
                 f"bare HTTP {b['jobs_per_s']:,.0f}/s",
-                f">= {TARGET_JOBS_PER_S:,.0f}",
+                f">= {TARGET_JOBS_PER_S:,.0f}/s",
                 p["jobs_per_s"] >= TARGET_JOBS_PER_S and p["errors"] == 0,
-                "/s",
             ),
-            _check(
-                "added latency p50 (c=1)",
-                lat["added_p50_ms"],
+            _row(
+                "added latency p50, c=1",
+                f"{lat['added_p50_ms']:.2f} ms",
                 f"bare HTTP {blat['client_p50_ms']:.2f} ms",
                 f"<= {TARGET_ADDED_P50_MS:g} ms",
                 lat["added_p50_ms"] <= TARGET_ADDED_P50_MS and lat["errors"] == 0,
-                " ms",
             ),
-            _check("added latency p99 (c=1)", lat["added_p99_ms"], f"bare HTTP {blat['client_p99_ms']:.2f} ms", "-", None, " ms"),
-            _check(
-                f"client latency p50/p99 (c={p['concurrency']})",
-                p["latency_p50_ms"],
-                f"p99 {p['latency_p99_ms']:.2f} ms; bare p50 {b['latency_p50_ms']:.2f}",
+            _row(
+                "added latency p99, c=1",
+                f"{lat['added_p99_ms']:.2f} ms",
+                f"bare HTTP {blat['client_p99_ms']:.2f} ms",
                 "-",
                 None,
-                " ms",
             ),
-            _check(
-                "server CPU per no-op job",
-                p["server_cpu_us_per_job"],
+            _row(
+                f"client latency p50, c={c}",
+                f"{p['latency_p50_ms']:.1f} ms",
+                f"bare HTTP {b['latency_p50_ms']:.1f} ms",
+                "-",
+                None,
+            ),
+            _row(
+                f"client latency p99, c={c}",
+                f"{p['latency_p99_ms']:.1f} ms",
+                f"bare HTTP {b['latency_p99_ms']:.1f} ms",
+                "-",
+                None,
+            ),
+            _row(
+                "server CPU per job",
+                f"{p['server_cpu_us_per_job']:,.0f} us",
                 f"bare HTTP {b['server_cpu_us_per_job']:,.0f} us",
                 "-",
                 None,
-                " us",
             ),
         ]
     pipe = report.get("pipeline")
     if pipe:
         d = pipe["designs"]
         ok = all(x["errors"] == 0 for x in d.values())
-        rows += [
-            _check(
-                "pipeline jobs/s vs single pool (same slots)",
-                pipe["speedup_vs_single_pool"],
-                f"{d['pipeline']['jobs_per_s']:.0f} vs {d['single_pool']['jobs_per_s']:.0f} jobs/s",
-                f">= {TARGET_SPEEDUP:g}x",
-                pipe["speedup_vs_single_pool"] >= TARGET_SPEEDUP and ok,
-                "x",
-            ),
-            _check(
-                "pipeline jobs/s vs single pool (capped)",
-                pipe["speedup_vs_single_pool_capped"],
-                f"{d['pipeline']['jobs_per_s']:.0f} vs {d['single_pool_capped']['jobs_per_s']:.0f} jobs/s",
-                f">= {TARGET_SPEEDUP:g}x",
-                pipe["speedup_vs_single_pool_capped"] >= TARGET_SPEEDUP and ok,
-                "x",
-            ),
-        ]
+        value = f"{d['pipeline']['jobs_per_s']:.1f} jobs/s"
+        for key, label, speedup in (
+            ("single_pool", "same slots", pipe["speedup_vs_single_pool"]),
+            ("single_pool_capped", "capped", pipe["speedup_vs_single_pool_capped"]),
+        ):
+            rows.append(
+                _row(
+                    f"pipeline vs single pool ({label})",
+                    f"{value} = {speedup:.2f}x",
+                    f"{d[key]['jobs_per_s']:.1f} jobs/s",
+                    f">= {TARGET_SPEEDUP:g}x",
+                    speedup >= TARGET_SPEEDUP and ok,
+                )
+            )
     return rows
 
 
@@ -763,7 +816,9 @@ def print_report(report: dict[str, Any]) -> None:
     over = report.get("overhead")
     if over:
         print("\nPart 1 - overhead (no-op handler, real uvicorn socket, client in its own process)")
-        print(f"  {'server':<22}{'jobs':>7}{'conc':>6}{'jobs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/job':>12}{'errors':>8}")
+        print(
+            f"  {'server':<22}{'jobs':>7}{'conc':>6}{'jobs/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/job':>12}{'errors':>8}"
+        )
         for label, key in (("prorl-server /process", "prorl"), ("bare FastAPI /echo", "bare_http")):
             f = over[key]
             print(
@@ -771,12 +826,17 @@ def print_report(report: dict[str, Any]) -> None:
                 f"{f['latency_p99_ms']:>9.2f}{f['server_cpu_us_per_job']:>12,.0f}{f['errors']:>8}"
             )
         lat, blat = over["latency"], over["bare_latency"]
-        print(
-            f"  one at a time ({lat['jobs']} jobs): prorl client p50 {lat['client_p50_ms']:.2f} ms, p99 "
-            f"{lat['client_p99_ms']:.2f} ms; in stages p50 {lat['stage_p50_ms']:.3f} ms; added p50 "
-            f"{lat['added_p50_ms']:.2f} ms, p99 {lat['added_p99_ms']:.2f} ms; bare p50 {blat['client_p50_ms']:.2f} ms, "
-            f"p99 {blat['client_p99_ms']:.2f} ms"
-        )
+        print(f"  {'one job at a time (' + str(lat['jobs']) + ' jobs)':<37}{'p50 ms':>9}{'p99 ms':>9}")
+        rows = [
+            ("prorl-server client latency", lat["client_p50_ms"], lat["client_p99_ms"]),
+            ("bare FastAPI client latency", blat["client_p50_ms"], blat["client_p99_ms"]),
+            ("added (client - in stages)", lat["added_p50_ms"], lat["added_p99_ms"]),
+            ("  in handler stages", lat["stage_p50_ms"], None),
+            ("  submit -> result in server", lat["server_total_p50_ms"], None),
+            ("  of which between stages", lat["server_queue_p50_ms"], None),
+        ]
+        for label, p50, p99 in rows:
+            print(f"    {label:<33}{p50:>9.2f}" + (f"{p99:>9.2f}" if p99 is not None else ""))
         for key in ("prorl", "bare_http"):
             if over[key]["first_error"]:
                 print(f"  first error ({key}): {over[key]['first_error']}")
@@ -789,24 +849,34 @@ def print_report(report: dict[str, Any]) -> None:
             f"eval lognormal clipped {tuple(w['eval_ms'])} ms, mean {w['eval_mean_ms']:.1f} ms)"
         )
         print(
-            f"  {'design':<20}{'workers i/r/e':>15}{'jobs/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
-            f"{'queue/init/run/eval mean ms':>30}{'peak i/r/e/sbx':>17}{'errors':>8}"
+            f"  {'design':<20}{'workers':>10}{'jobs/s':>8}{'p50 ms':>8}{'p99 ms':>8}   mean ms: {'queue':>6}{'init':>6}"
+            f"{'run':>6}{'eval':>6}   peak: {'init':>5}{'run':>4}{'eval':>5}{'sbx':>5}{'errors':>8}"
         )
         for name, f in pipe["designs"].items():
-            wk = f["workers"]
-            st = f["mean_stage_ms"]
-            pk = f["peak"]
+            wk, st, pk = f["workers"], f["mean_stage_ms"], f["peak"]
+            workers = f"{wk['init']}/{wk['run']}/{wk['eval']}"
             print(
-                f"  {name:<20}{wk['init']:>5}/{wk['run']:>3}/{wk['eval']:<5}{f['jobs_per_s']:>9.1f}{f['latency_p50_ms']:>9.0f}"
-                f"{f['latency_p99_ms']:>9.0f}{st['queue']:>12.1f}/{st['init']:.1f}/{st['run']:.1f}/{st['eval']:.1f}"
-                f"{pk['init']:>8}/{pk['run']}/{pk['eval']}/{pk['sandboxes']}{f['errors']:>8}"
+                f"  {name:<20}{workers:>10}{f['jobs_per_s']:>8.1f}{f['latency_p50_ms']:>8.0f}{f['latency_p99_ms']:>8.0f}"
+                f"{'':>12}{st['queue']:>6.0f}{st['init']:>6.1f}{st['run']:>6.1f}{st['eval']:>6.1f}"
+                f"{'':>9}{pk['init']:>5}{pk['run']:>4}{pk['eval']:>5}{pk['sandboxes']:>5}{f['errors']:>8}"
             )
             if f["first_error"]:
                 print(f"    first error: {f['first_error']}")
-        print("  (single pools run every stage inside RUN, so their run column is init+run+eval)")
+        print(
+            "  workers are init/run/eval pool sizes; the single pools do all three stages inside RUN (their run\n"
+            "  column is init+run+eval), INIT and EVAL are pass-throughs. peak = most stage work (and live\n"
+            "  sandboxes, sbx) at once. Same slots: by Little's law a single pool of I+R+E workers under the same\n"
+            "  stage limits can match the pipeline; capped: min(I, E) workers, so no stage can exceed its limit."
+        )
     rows = report["checks"]
     print("\nSummary")
-    widths = [max(len(str(r[k])) for r in [*rows, {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}]) for k in ("metric", "value", "baseline", "target")]
+    widths = [
+        max(
+            len(str(r[k]))
+            for r in [*rows, {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}]
+        )
+        for k in ("metric", "value", "baseline", "target")
+    ]
     header = ("metric", "value", "baseline", "target", "pass/fail")
     print("  " + "  ".join(h.ljust(w) for h, w in zip(header, [*widths, 9], strict=True)))
     for r in rows:
@@ -823,30 +893,60 @@ def print_report(report: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
 
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        return value
+
     def ms_range(text: str) -> tuple[float, float]:
         lo, _, hi = text.partition(",")
         return float(lo), float(hi or lo)
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
-    parser.add_argument("--jobs", type=int, default=5000, help="part 1: no-op jobs for the throughput run")
-    parser.add_argument("--concurrency", type=int, default=64, help="part 1: requests in flight")
-    parser.add_argument("--latency-jobs", type=int, default=500, help="part 1: jobs sent one at a time")
+    parser.add_argument("--jobs", type=positive, default=5000, help="part 1: no-op jobs for the throughput run")
+    parser.add_argument("--concurrency", type=positive, default=64, help="part 1: requests in flight")
+    parser.add_argument("--latency-jobs", type=positive, default=500, help="part 1: jobs sent one at a time")
     parser.add_argument("--warmup", type=int, default=300, help="part 1: unmeasured requests first")
-    parser.add_argument("--pipeline-jobs", type=int, default=600, help="part 2: jobs per design")
+    parser.add_argument("--pipeline-jobs", type=positive, default=600, help="part 2: jobs per design")
     parser.add_argument("--pipeline-warmup", type=int, default=16, help="part 2: unmeasured jobs first")
-    parser.add_argument("--pipeline-concurrency", type=int, default=128, help="part 2: requests in flight")
-    parser.add_argument("--init-workers", type=int, default=4, help="part 2: I, also the sandbox-start slots")
-    parser.add_argument("--run-workers", type=int, default=8, help="part 2: R")
-    parser.add_argument("--eval-workers", type=int, default=4, help="part 2: E, also the scoring CPU slots")
+    parser.add_argument("--pipeline-concurrency", type=positive, default=128, help="part 2: requests in flight")
+    parser.add_argument("--init-workers", type=positive, default=4, help="part 2: I, also the sandbox-start slots")
+    parser.add_argument("--run-workers", type=positive, default=8, help="part 2: R")
+    parser.add_argument("--eval-workers", type=positive, default=4, help="part 2: E, also the scoring CPU slots")
     parser.add_argument("--init-ms", type=ms_range, default=(20.0, 60.0), help="part 2: INIT uniform range LO,HI")
     parser.add_argument("--eval-ms", type=ms_range, default=(1.0, 80.0), help="part 2: EVAL clip range LO,HI")
     parser.add_argument("--llm-delay-ms", type=float, default=15.0, help="part 2: time per LLM completion")
-    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--seed", type=int, default=1234, help="part 2: workload seed")
     parser.add_argument("--timeout", type=float, default=240.0, help="give up on one load run after this (s)")
     parser.add_argument("--skip-overhead", action="store_true", help="skip part 1")
     parser.add_argument("--skip-pipeline", action="store_true", help="skip part 2")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the client and backend processes to the last CPU and this (server) process to the others",
+    )
     return parser.parse_args(argv)
+
+
+def pin_processes(*helper_pids: int) -> dict[str, list[int]]:
+    """Pin helper processes to the last CPU and every thread of this process to the other CPUs.
+
+    Threads started later inherit the mask of the thread that starts them (the main thread).
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"server": cpus, "helpers": cpus}
+    helpers, server = {cpus[-1]}, set(cpus[:-1])
+    for pid in helper_pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), helpers)
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        os.sched_setaffinity(int(tid), server)
+    return {"server": sorted(server), "helpers": sorted(helpers)}
 
 
 def _uvicorn_stack() -> tuple[str, str]:
@@ -866,7 +966,7 @@ def _uvicorn_stack() -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; always returns 0."""
+    """Run the benchmark; returns 0 whatever the figures, 1 only when a part could not run at all."""
     args = parse_args(argv)
     http, loop = _uvicorn_stack()
     report: dict[str, Any] = {
@@ -876,37 +976,55 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "uvicorn_http": http,
             "uvicorn_loop": loop,
+            "load_avg_1m_at_start": os.getloadavg()[0],
         },
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
-    print(f"prorl-server overhead benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, uvicorn {http}/{loop}")
+    print(
+        f"prorl-server overhead benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, uvicorn "
+        f"{http}/{loop}, load average {os.getloadavg()[0]:.2f} (other work on the machine skews the figures)"
+    )
     started = time.monotonic()
     threads_before = {t.ident for t in threading.enumerate()}
     ctx = multiprocessing.get_context("spawn")
     client = LoadClient(ctx)
     backend: BackendProcess | None = None
+    failures: dict[str, str] = {}
     try:
         backend = BackendProcess(ctx, args.llm_delay_ms / 1000)
-        if not args.skip_overhead:
-            report["overhead"] = part_overhead(args, client, backend)
-        if not args.skip_pipeline:
-            report["pipeline"] = part_pipeline(args, client, backend)
+        if args.pin:
+            report["machine"]["pinning"] = pin_processes(client.pid, backend.pid)
+        parts = [("overhead", part_overhead, args.skip_overhead), ("pipeline", part_pipeline, args.skip_pipeline)]
+        for key, part, skip in parts:
+            if skip:
+                continue
+            try:
+                report[key] = part(args, client, backend)
+            except Exception as exc:  # report it, go on with the other part
+                failures[key] = f"{type(exc).__name__}: {exc}"
+                print(f"  {key}: could not run: {failures[key]}", flush=True)
+    except Exception as exc:
+        failures["setup"] = f"{type(exc).__name__}: {exc}"
     finally:
         client.close()
         if backend is not None:
             backend.close()
     report["checks"] = build_checks(report)
     report["elapsed_s"] = time.monotonic() - started
+    report["failures"] = failures
     print_report(report)
+    for key, message in failures.items():
+        print(f"\nERROR: {key} could not be measured: {message}")
     leaked = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
     children = multiprocessing.active_children()
     if leaked or children:
         print(f"\nWARNING: left running: threads {leaked}, processes {[p.name for p in children]}")
-    print(f"\n(total {report['elapsed_s']:.0f}s; exit code 0 whatever the figures: this is a measurement)")
+    ending = "exit code 1: a part could not run" if failures else "exit code 0 whatever the figures"
+    print(f"\n(total {report['elapsed_s']:.0f}s; {ending})")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=asdict) + "\n")
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"figures written to {args.json}")
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

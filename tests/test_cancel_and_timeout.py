@@ -96,8 +96,9 @@ def test_timeout_counts_stage_time_not_queue_time(start_server, backend):
         {"instance": {"data_source": "slow", "eval_s": 1.5}, "job_id": "first", "timeout": 5},
         {"instance": {"data_source": "slow", "eval_s": 0.1}, "job_id": "second", "timeout": 1.0},
     ]
-    for job in jobs:
-        server.http.post("/jobs", json=job)
+    server.http.post("/jobs", json=jobs[0])
+    wait_until(lambda: server.http.get("/jobs/first").json()["status"] == "eval")
+    server.http.post("/jobs", json=jobs[1])
     wait_until(lambda: all(server.http.get(f"/jobs/{j['job_id']}").json()["result"] for j in jobs), timeout=20)
     second = server.http.get("/jobs/second").json()["result"]
     assert second["status"] == "completed", second

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
+from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.protocol import (
@@ -27,17 +28,19 @@ router = APIRouter(tags=["jobs"])
 State = Annotated[ServerState, Depends(get_state)]
 
 
-@router.post("/process", response_model=JobResult)
-async def process(body: ProcessRequest, state: State) -> Response:
+@router.post("/process", response_model=JobResult, openapi_extra=openapi_body(ProcessRequest))
+async def process(request: Request) -> Response:
     """Run one job and return its result when it is terminal (the result is also kept for `GET /jobs`)."""
-    job = state.orchestrator.submit(body)
+    body = await parse_body(request, ProcessRequest)
+    job = request.app.state.server.orchestrator.submit(body)
     return model_response(await job.wait())
 
 
-@router.post("/jobs", status_code=202, response_model=JobAccepted)
-async def submit(body: ProcessRequest, state: State) -> Response:
+@router.post("/jobs", status_code=202, response_model=JobAccepted, openapi_extra=openapi_body(ProcessRequest))
+async def submit(request: Request) -> Response:
     """Queue a job and return its id at once."""
-    job = state.orchestrator.submit(body)
+    body = await parse_body(request, ProcessRequest)
+    job = request.app.state.server.orchestrator.submit(body)
     return model_response(JobAccepted(job_id=job.id), status_code=202)
 
 
@@ -54,12 +57,13 @@ async def list_results(
     """Finished results in completion order, after a cursor; pass `next_cursor` back as `after`."""
     statuses = _parse_statuses(status)
     deadline = time.monotonic() + wait
-    while True:
-        results, cursor = state.orchestrator.results.page(statuses, after, limit)
-        remaining = deadline - time.monotonic()
-        if results or remaining <= 0:
-            return model_response(JobList(results=results, next_cursor=cursor))
-        await state.signal.wait(remaining)
+    with state.signal.watching():
+        while True:
+            results, cursor = state.orchestrator.results.page(statuses, after, limit)
+            remaining = deadline - time.monotonic()
+            if results or remaining <= 0:
+                return model_response(JobList(results=results, next_cursor=cursor))
+            await state.signal.wait(remaining)
 
 
 @router.post("/jobs/ack", response_model=AckResponse)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -24,6 +25,7 @@ class ResultSignal:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        self._waiting = 0  # long-polls in progress; without any, notify costs nothing
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Attach to the API's event loop."""
@@ -32,7 +34,7 @@ class ResultSignal:
 
     def notify(self) -> None:
         """Called by the result store after each put."""
-        if self._loop is not None and self._event is not None and not self._loop.is_closed():
+        if self._waiting and self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._fire)
 
     def _fire(self) -> None:
@@ -40,9 +42,18 @@ class ResultSignal:
         self._event.set()
         self._event = asyncio.Event()
 
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Enter before looking at the store, so a result stored meanwhile still wakes `wait`."""
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+
     async def wait(self, timeout: float) -> None:
-        """Return after the next stored result or after `timeout` seconds."""
-        assert self._event is not None
+        """Inside `watching()`: return after the next stored result or after `timeout` seconds."""
+        assert self._event is not None and self._waiting, "call wait() inside watching()"
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout)
 
@@ -100,6 +111,6 @@ class ServerState:
             self.health.submit(self.backends.check_health())
 
 
-def get_state(request: Request) -> ServerState:
-    """FastAPI dependency: the ServerState of the app serving this request."""
+async def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: the ServerState of the app serving this request (async: no thread hop)."""
     return request.app.state.server

@@ -35,7 +35,7 @@ class LoopThread:
         self._ready.wait()
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
         loop.call_soon(self._ready.set)
@@ -76,6 +76,15 @@ class LoopThread:
             log.error("loop thread %s did not exit within %.1fs", self.name, timeout)
         self._thread = None
         self.loop = None
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed (it ships with uvicorn[standard]), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 async def _cancel_all_tasks() -> None:

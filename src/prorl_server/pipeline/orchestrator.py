@@ -348,7 +348,7 @@ class Orchestrator:
             "job_id": job.id,
             "reward": reward,
             "trajectory": _snapshot(job.ctx.trajectory),
-            "timing": StageTiming(
+            "timing": StageTiming.model_construct(
                 queue_s=max(0.0, total - sum(stage_s.values())),
                 init_s=stage_s["init"],
                 run_s=stage_s["run"],
