@@ -23,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--run-workers", type=int, default=defaults.run_workers, help="concurrent RUN stages")
     serve.add_argument("--eval-workers", type=int, default=defaults.eval_workers, help="concurrent EVAL stages")
     serve.add_argument(
+        "--max-ready-for-run",
+        type=int,
+        default=None,
+        help="jobs started in INIT and not yet in RUN, at most (default: --run-workers); bounds live sandboxes",
+    )
+    serve.add_argument(
         "--llm-server", action="append", default=[], metavar="URL", help="backend base URL, e.g. http://h:8000/v1"
     )
     serve.add_argument(
@@ -52,6 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         init_workers=args.init_workers,
         run_workers=args.run_workers,
         eval_workers=args.eval_workers,
+        max_ready_for_run=args.max_ready_for_run,
         llm_servers=args.llm_server,
         handlers=args.handler,
         entry_point_handlers=not args.no_entry_points,

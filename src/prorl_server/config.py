@@ -15,6 +15,12 @@ class ServerSettings(BaseModel):
     init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (sandbox starts).")
     run_workers: int = Field(default=64, ge=1, description="Concurrent RUN stages (agent loops).")
     eval_workers: int = Field(default=8, ge=1, description="Concurrent EVAL stages (scoring).")
+    max_ready_for_run: int | None = Field(
+        default=None,
+        ge=1,
+        description="Jobs past the start of INIT still waiting for a RUN worker, at most (default: run_workers). "
+        "INIT waits beyond it, so sandboxes never pile up in front of RUN.",
+    )
     llm_servers: list[str] = Field(default_factory=list, description="Backends registered at start.")
     handlers: list[str] = Field(default_factory=list, description="Extra handlers, [name=]module:Class.")
     entry_point_handlers: bool = Field(default=True, description="Load the prorl_server.handlers group.")

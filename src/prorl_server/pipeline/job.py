@@ -31,6 +31,7 @@ class Job:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[JobResult]]] = []
         self._task: asyncio.Task[Any] | None = None
         self._task_loop: asyncio.AbstractEventLoop | None = None
+        self._holds_ready_permit = False
 
     @property
     def terminal(self) -> bool:
@@ -56,6 +57,20 @@ class Job:
             if self.result is None and next_stage is not None:
                 self.status = JobStatus.QUEUED
                 self.next_stage = next_stage
+
+    def hold_ready_permit(self) -> bool:
+        """Record that the job holds a ready-for-RUN permit; False if it ended meanwhile (give it back)."""
+        with self._lock:
+            if self.result is not None:
+                return False
+            self._holds_ready_permit = True
+            return True
+
+    def drop_ready_permit(self) -> bool:
+        """True exactly once after `hold_ready_permit`: the caller must release the permit."""
+        with self._lock:
+            held, self._holds_ready_permit = self._holds_ready_permit, False
+            return held
 
     def finish(self, result: JobResult) -> bool:
         """Set the terminal result if none is set yet; wake waiters. Returns whether this call won."""

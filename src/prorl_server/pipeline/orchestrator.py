@@ -19,6 +19,7 @@ from prorl_server.handlers import (
     default_error,
 )
 from prorl_server.llm import BackendPool, LLMSession
+from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
 from prorl_server.pipeline.handler_calls import call_handler, overrides, parse_eval_outcome
 from prorl_server.pipeline.job import STAGES, Job
@@ -53,6 +54,8 @@ class Orchestrator:
             stage: StagePool(stage, sizes[stage], self._stage_processor(stage), backends.client.aclose_current_loop)
             for stage in STAGES
         }
+        self._ready_limit = settings.max_ready_for_run or settings.run_workers
+        self._ready_gate = CrossLoopSemaphore(self._ready_limit)
         self._live: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._lifecycle = threading.Lock()
@@ -65,6 +68,7 @@ class Orchestrator:
         with self._lifecycle:
             if self.running:
                 return
+            self._ready_gate = CrossLoopSemaphore(self._ready_limit)
             for pool in self.pools.values():
                 pool.start()
             self.running = True
@@ -213,6 +217,15 @@ class Orchestrator:
         if job.terminal:
             await ctx.release()
             return
+        if stage == "init":
+            # Backpressure: INIT may run ahead of RUN by at most `max_ready_for_run` jobs.
+            await self._ready_gate.acquire()
+            if not job.hold_ready_permit():
+                self._ready_gate.release()
+                await ctx.release()
+                return
+        elif stage == "run" and job.drop_ready_permit():
+            self._ready_gate.release()
         handler = job.handler
         pool = self.pools[stage]
         ctx._loop = asyncio.get_running_loop()
@@ -327,6 +340,8 @@ class Orchestrator:
     def _store(self, job: Job) -> None:
         assert job.result is not None
         job.ctx.llm.finish()  # a stage that ignored cancellation can no longer pin a backend
+        if job.drop_ready_permit():
+            self._ready_gate.release()
         self.results.put(job.result)
         with self._lock:
             if self._live.get(job.id) is job:

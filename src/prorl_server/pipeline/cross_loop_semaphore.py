@@ -1,0 +1,59 @@
+"""A counting semaphore whose waiters may sit on different event loops (the stage threads)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+
+
+class CrossLoopSemaphore:
+    """`await acquire()` on any loop; `release()` from any thread hands the permit to the oldest waiter."""
+
+    def __init__(self, value: int) -> None:
+        if value < 1:
+            raise ValueError("a semaphore needs at least one permit")
+        self._value = value
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = collections.deque()
+
+    @property
+    def available(self) -> int:
+        """Permits free right now."""
+        with self._lock:
+            return self._value
+
+    async def acquire(self) -> None:
+        """Wait for a permit (first come, first served)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._value > 0 and not self._waiters:
+                self._value -= 1
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, future) in self._waiters:  # not granted yet: just leave the line
+                    self._waiters.remove((loop, future))
+            raise  # a grant already on its way is passed on by _grant
+
+    def release(self) -> None:
+        """Return a permit, from any thread."""
+        with self._lock:
+            while self._waiters:
+                loop, future = self._waiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(self._grant, future)
+                    return
+                except RuntimeError:  # that waiter's loop is closed
+                    continue
+            self._value += 1
+
+    def _grant(self, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            self.release()
+        else:
+            future.set_result(None)
