@@ -120,3 +120,24 @@ def test_client_disconnect_from_process_loses_nothing(server, backend):
         if results:
             break
     assert [r["job_id"] for r in results] == ["lost"] and results[0]["status"] == "completed"
+
+
+def test_openapi_schema_documents_the_job_body(server):
+    schema = server.http.get("/openapi.json").json()
+    body = schema["paths"]["/process"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(body["properties"]) >= {"instance", "sampling_params", "job_id", "timeout"}
+    assert server.http.get("/docs").status_code == 200
+
+
+def test_odd_but_valid_inputs_never_500(server):
+    odd = [
+        {"instance": {"data_source": 5}},
+        {"instance": {"data_source": ""}},
+        {"instance": {"data_source": "noop"}, "timeout": 1e300},
+        {"instance": {"data_source": "noop"}, "job_id": ""},
+        {"instance": {"data_source": "noop"}, "sampling_params": {"n": 4, "prompt": [1], "stream": True}},
+    ]
+    codes = [server.http.post("/process", json=body).status_code for body in odd]
+    assert codes == [400, 400, 422, 422, 200]
+    assert server.http.get("/jobs", params={"after": -1}).status_code == 422
+    assert server.http.get("/jobs/%2F..%2F").status_code == 404

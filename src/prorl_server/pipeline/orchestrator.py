@@ -208,7 +208,14 @@ class Orchestrator:
 
     def _stage_processor(self, stage: str):
         async def process(job: Job) -> None:
-            await self._run_stage(stage, job)
+            try:
+                await self._run_stage(stage, job)
+            except Exception as exc:  # a bug here must still end the job, never leave its caller waiting
+                log.exception("internal error in %s stage of job %s", stage, job.id)
+                message = f"prorl-server internal error ({type(exc).__name__}: {exc}); please report it"
+                await self._finish(
+                    job, JobStatus.FAILED, error=ErrorInfo(stage=stage, type="InternalError", message=message)
+                )
 
         return process
 

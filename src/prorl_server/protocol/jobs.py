@@ -38,7 +38,9 @@ class ProcessRequest(BaseModel):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     agent_config: dict[str, Any] = Field(default_factory=dict)
     job_id: str | None = Field(default=None, min_length=1, max_length=256)
-    timeout: float | None = Field(default=None, gt=0, description="Seconds of stage time (queues excluded).")
+    timeout: float | None = Field(
+        default=None, gt=0, le=30 * 24 * 3600, description="Seconds of stage time (queues excluded)."
+    )
 
 
 class TurnRecord(BaseModel):
