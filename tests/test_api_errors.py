@@ -26,6 +26,9 @@ def test_malformed_bodies_are_422(server):
         server.http.post("/process", content=b"{not json", headers={"content-type": "application/json"}).status_code
         == 422
     )
+    assert (
+        server.http.post("/jobs", content=b"\xa2\xffx", headers={"content-type": "application/json"}).status_code == 422
+    )
     assert server.http.post("/process", json={"sampling_params": {}}).status_code == 422
     assert server.http.post("/process", json={"instance": "text"}).status_code == 422
     assert server.http.post("/process", json={"instance": {"data_source": "noop"}, "timeout": -1}).status_code == 422

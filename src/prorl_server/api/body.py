@@ -22,8 +22,16 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+        errors = [_jsonable(err) for err in exc.errors(include_url=False)]
         raise RequestValidationError(errors, body=raw.decode(errors="replace")) from None
+
+
+def _jsonable(error: dict[str, Any]) -> dict[str, Any]:
+    """Prefix the location with "body"; raw input bytes (invalid UTF-8 included) become text."""
+    error = {**error, "loc": ("body", *error["loc"])}
+    if isinstance(error.get("input"), bytes):
+        error["input"] = error["input"].decode(errors="replace")
+    return error
 
 
 def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
