@@ -50,7 +50,7 @@ class Job:
             return True
 
     def detach(self, next_stage: str | None = None) -> None:
-        """Forget the stage task; the job waits for `next_stage` (queued) unless it is terminal."""
+        """Forget the stage task; with `next_stage`, the job is now queued for it (unless terminal)."""
         with self._lock:
             self._task = None
             self._task_loop = None

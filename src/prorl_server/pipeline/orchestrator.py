@@ -252,7 +252,7 @@ class Orchestrator:
             await ctx.release()
             raise
         job.timer.pause()
-        job.detach(_NEXT_STAGE.get(stage))
+        job.detach()
         if not done:
             task.cancel()
             await self._settle(task)
