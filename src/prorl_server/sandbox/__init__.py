@@ -1,0 +1,1 @@
+"""Rootless sandboxes: one Runtime interface, apptainer / bubblewrap / local runtimes, reaper, loopback IPs."""

@@ -1,0 +1,54 @@
+"""The two small interfaces every runtime implements: Runtime (where sandboxes come from) and Sandbox."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from prorl_server.sandbox.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from prorl_server.tools.client import ToolClient
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not be started or used; the message says what to do about it."""
+
+
+class Sandbox(ABC):
+    """One running sandbox: an isolated process session with the execution server inside.
+
+    `tools` talks to the execution server over a Unix domain socket in a bind-mounted directory.
+    `close()` is idempotent: SIGTERM to the process group, SIGKILL after a grace period, then the
+    workspace and socket directory are removed.
+    """
+
+    id: str
+    spec: SandboxSpec
+    tools: ToolClient
+    pid: int  # the sandbox's top process on the host (leader of its own session/process group)
+    address: str | None  # its 127.x.y.z address with network="loopback", else None
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop every process of the sandbox and remove its private files."""
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """True once close() finished."""
+
+
+class Runtime(ABC):
+    """Starts sandboxes of one kind (apptainer, bubblewrap, local)."""
+
+    name: str
+
+    @abstractmethod
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox and return once its execution server answers (or raise SandboxError)."""
+
+    @classmethod
+    @abstractmethod
+    def available(cls) -> str | None:
+        """None when this runtime can work on this machine, else why not (shown to users, used for skips)."""
