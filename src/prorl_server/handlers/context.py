@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 
 from prorl_server.llm import LLMSession
 from prorl_server.protocol import Trajectory
+from prorl_server.sandbox.base import Sandbox
+from prorl_server.sandbox.manager import SandboxManager
+from prorl_server.sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +42,8 @@ class JobContext:
     artifacts: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     stage: str = "queued"
+    sandbox: Sandbox | None = None
+    _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
 
@@ -46,6 +51,22 @@ class JobContext:
     def data_source(self) -> str:
         """The instance's `data_source` (the handler's name)."""
         return str(self.instance["data_source"])
+
+    async def start_sandbox(self, spec: SandboxSpec | None = None) -> Sandbox:
+        """Start a sandbox for this job (the server's default spec unless given).
+
+        It is closed on release: right after RUN for one started in INIT or RUN, when the job ends for
+        one started in EVAL (so EVAL can test in a fresh sandbox the agent never touched). The first
+        sandbox started becomes `ctx.sandbox` until it is closed.
+        """
+        if self._sandboxes is None:
+            raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")
+        manager = self._sandboxes
+        sandbox = await manager.start(spec)
+        self.on_release(lambda: manager.close(sandbox))
+        if self.sandbox is None:
+            self.sandbox = sandbox
+        return sandbox
 
     def on_release(self, callback: ReleaseCallback) -> None:
         """Register a resource cleanup (sync or async), run right after RUN, or on failure/cancel.
@@ -64,6 +85,7 @@ class JobContext:
                     await outcome
             except Exception:
                 log.exception("release callback of job %s failed", self.job_id)
+        self.sandbox = None
         self.llm.close()
 
     def wait(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

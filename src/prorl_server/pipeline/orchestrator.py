@@ -35,6 +35,7 @@ from prorl_server.protocol import (
     StatusResponse,
     Trajectory,
 )
+from prorl_server.sandbox.manager import SandboxManager
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,17 @@ _NEXT_STAGE = {"init": "run", "run": "eval"}
 class Orchestrator:
     """The pipeline: three independent stage pools and the bookkeeping of live and finished jobs."""
 
-    def __init__(self, settings: ServerSettings, registry: HandlerRegistry, backends: BackendPool) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        registry: HandlerRegistry,
+        backends: BackendPool,
+        sandboxes: SandboxManager | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.backends = backends
+        self.sandboxes = sandboxes
         self.results = ResultStore(settings.result_retention_s)
         sizes = {"init": settings.init_workers, "run": settings.run_workers, "eval": settings.eval_workers}
         self.pools = {
@@ -93,6 +101,10 @@ class Orchestrator:
             )
             for stage in STAGES:
                 self.pools[stage].stop(self.settings.cancel_grace_s)
+            if self.sandboxes is not None:
+                leftover = asyncio.run(self.sandboxes.close_all())  # backstop: jobs released theirs
+                if leftover:
+                    log.warning("closed %d sandboxes that outlived their jobs", leftover)
             log.info("pipeline stopped; %d live jobs cancelled", cancelled)
             return cancelled
 
@@ -144,6 +156,7 @@ class Orchestrator:
             agent_config=agent_config,
             llm=session,
             trajectory=trajectory,
+            _sandboxes=self.sandboxes,
         )
         timeout = request.timeout if request.timeout is not None else self.settings.default_timeout_s
         return Job(job_id, handler, ctx, PausableTimer(timeout))

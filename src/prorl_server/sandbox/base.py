@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
-    from prorl_server.tools.client import ToolClient
+    from prorl_server.tools.client import CommandObservation, ToolClient
 
 
 class SandboxError(RuntimeError):
@@ -32,6 +32,28 @@ class Sandbox(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Stop every process of the sandbox and remove its private files."""
+
+    # handler-facing shortcuts to the execution server ---------------------------------------------
+
+    async def bash(self, command: str, timeout: float = 30.0, **kwargs: Any) -> CommandObservation:
+        """Run a command in the sandbox's persistent shell."""
+        return await self.tools.bash(command, timeout=timeout, **kwargs)
+
+    async def ipython(self, code: str, timeout: float = 30.0, **kwargs: Any) -> CommandObservation:
+        """Run code in the sandbox's persistent IPython kernel."""
+        return await self.tools.ipython(code, timeout=timeout, **kwargs)
+
+    async def edit(self, command: str, path: str, **kwargs: Any) -> Any:
+        """File editor: view, create, str_replace, insert, undo_edit."""
+        return await self.tools.edit(command, path, **kwargs)
+
+    async def read_file(self, path: str) -> str:
+        """Text of a file inside the sandbox."""
+        return await self.tools.read_file(path)
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a text file inside the sandbox (parents created)."""
+        await self.tools.write_file(path, content)
 
     @property
     @abstractmethod

@@ -1,0 +1,57 @@
+"""SandboxManager: the sandboxes of one server instance, so that nothing outlives the server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from prorl_server.sandbox.base import Runtime, Sandbox
+from prorl_server.sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+class SandboxManager:
+    """Starts sandboxes with one runtime and remembers every live one until it is closed.
+
+    Thread-safe: stages on different threads start and close sandboxes. `close_all()` is the backstop
+    of `/stop` and shutdown, after each job has released its own.
+    """
+
+    def __init__(self, runtime: Runtime, default_spec: SandboxSpec | None = None) -> None:
+        self.runtime = runtime
+        self.default_spec = default_spec or SandboxSpec()
+        self._lock = threading.Lock()
+        self._live: set[Sandbox] = set()
+
+    async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
+        """Start a sandbox (the default spec unless given) and track it."""
+        sandbox = await self.runtime.start(spec or self.default_spec)
+        with self._lock:
+            self._live.add(sandbox)
+        return sandbox
+
+    async def close(self, sandbox: Sandbox) -> None:
+        """Close a sandbox and forget it (idempotent)."""
+        try:
+            await sandbox.close()
+        finally:
+            with self._lock:
+                self._live.discard(sandbox)
+
+    @property
+    def live(self) -> int:
+        """How many sandboxes are open."""
+        with self._lock:
+            return len(self._live)
+
+    async def close_all(self) -> int:
+        """Close every tracked sandbox; returns how many there were."""
+        with self._lock:
+            live = list(self._live)
+        results = await asyncio.gather(*(self.close(s) for s in live), return_exceptions=True)
+        for sandbox, outcome in zip(live, results, strict=True):
+            if isinstance(outcome, BaseException):
+                log.error("closing sandbox %s failed: %s", getattr(sandbox, "id", "?"), outcome)
+        return len(live)
