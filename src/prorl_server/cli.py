@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import threading
+from pathlib import Path
 
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
@@ -34,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--handler", action="append", default=[], metavar="[NAME=]MODULE:CLASS", help="load a handler (repeatable)"
     )
+    serve.add_argument("--runtime", choices=["auto", "apptainer", "bwrap", "local"], default=defaults.runtime)
+    serve.add_argument("--image", default=None, help="default sandbox image (.sif or directory)")
     serve.add_argument("--no-entry-points", action="store_true", help="ignore installed handler plugins")
     serve.add_argument("--placement", choices=["sticky_least_loaded", "min_heap"], default=defaults.placement)
     serve.add_argument("--timeout", type=float, default=defaults.default_timeout_s, help="default job budget (s)")
@@ -47,7 +51,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--no-autostart", action="store_true", help="wait for POST /start before accepting jobs")
     serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
+    add_build_image(sub)
     return parser
+
+
+def add_build_image(sub: argparse._SubParsersAction) -> None:
+    """The `build-image` subcommand: an Apptainer image from a definition template (sandbox/images.py)."""
+    from prorl_server.sandbox.images import CACHE_MODES, DEFAULTS, IMAGE_CACHE_DIR, TEMPLATES
+
+    build = sub.add_parser(
+        "build-image",
+        help="build an Apptainer .sif from a definition template",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    names = ", ".join(sorted(p.name.removesuffix(".def.j2") for p in TEMPLATES.glob("*.def.j2")))
+    build.add_argument("template", help=f"built-in template ({names}) or a path to a .def.j2 file")
+    build.add_argument("--out", type=Path, help="also put the image here (default: only in the cache)")
+    build.add_argument("--cache-mode", choices=CACHE_MODES, default="versioned")
+    build.add_argument("--cache-dir", type=Path, default=IMAGE_CACHE_DIR)
+    build.add_argument("--base", type=Path, help="local base image, a .sif or a root directory (default: debootstrap)")
+    build.add_argument("--lockfile", type=Path, help="pip requirements to install; the key of --cache-mode lock")
+    build.add_argument("--package", action="append", default=[], metavar="DEB", help="extra Debian package")
+    build.add_argument("--no-ipython", action="store_true", help="leave out ipykernel and jupyter_client")
+    build.add_argument("--suite", default=DEFAULTS["suite"], help="Debian suite (debootstrap only)")
+    build.add_argument("--mirror", default=DEFAULTS["mirror"], help="Debian mirror (debootstrap only)")
+    build.add_argument("--explain", action="store_true", help="print the inputs of the cache key and exit")
+
+
+def build_image(args: argparse.Namespace) -> None:
+    """Run `build-image`: print the image's path, or the cache key's inputs with --explain."""
+    from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
+
+    builder = ImageBuilder(cache_dir=args.cache_dir)
+    variables = {"ipython": not args.no_ipython, "packages": args.package, "suite": args.suite, "mirror": args.mirror}
+    try:
+        if args.explain:
+            inputs = builder.explain(args.template, args.cache_mode, args.base, args.lockfile, **variables)
+            print(json.dumps({"key": builder.key(inputs), "inputs": inputs}, indent=2))
+            return
+        image = builder.build(args.template, args.cache_mode, args.base, args.lockfile, args.out, **variables)
+    except ImageBuildError as exc:
+        sys.exit(f"prorl-server build-image: {exc}")
+    how = "reused" if image.cached else "built"
+    print(f"{image.path}  ({how} in {image.seconds:.1f} s, cache mode {args.cache_mode}, key {image.key})")
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -59,6 +105,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         run_workers=args.run_workers,
         eval_workers=args.eval_workers,
         max_ready_for_run=args.max_ready_for_run,
+        runtime=args.runtime,
+        sandbox_image=args.image,
         llm_servers=args.llm_server,
         handlers=args.handler,
         entry_point_handlers=not args.no_entry_points,
@@ -115,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
             serve(settings)
         except HandlerLoadError as exc:
             sys.exit(f"prorl-server: {exc}")
+    elif args.command == "build-image":
+        build_image(args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ class ServerSettings(BaseModel):
         description="Jobs past the start of INIT still waiting for a RUN worker, at most (default: run_workers). "
         "INIT waits beyond it, so sandboxes never pile up in front of RUN.",
     )
+    runtime: Literal["auto", "apptainer", "bwrap", "local"] = Field(
+        default="auto",
+        description="Sandbox runtime; auto = apptainer when installed and --image is given, else bubblewrap, "
+        "else local (no isolation, loudly).",
+    )
+    sandbox_image: str | None = Field(default=None, description="Default image of ctx.start_sandbox().")
     llm_servers: list[str] = Field(default_factory=list, description="Backends registered at start.")
     handlers: list[str] = Field(default_factory=list, description="Extra handlers, [name=]module:Class.")
     entry_point_handlers: bool = Field(default=True, description="Load the prorl_server.handlers group.")

@@ -15,6 +15,7 @@ from prorl_server.handlers import HandlerRegistry
 from prorl_server.llm import BackendPool, VLLMClient
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
+from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +88,15 @@ class ServerState:
         backends = BackendPool(client, settings.placement)
         for address in settings.llm_servers:
             backends.add(address)
-        state = cls(settings, registry, backends, Orchestrator(settings, registry, backends))
+        state = cls(settings, registry, backends, Orchestrator(settings, registry, backends, build_sandboxes(settings)))
         state.orchestrator.results.on_put = state.signal.notify
         return state
 
     async def open(self) -> None:
-        """Start health checks and (with autostart) the pipeline."""
+        """Reap orphaned sandboxes, start health checks and (with autostart) the pipeline."""
         self.signal.bind(asyncio.get_running_loop())
+        if self.orchestrator.sandboxes is not None:
+            await asyncio.to_thread(self.orchestrator.sandboxes.reap_orphans)
         self.health.start()
         self.health.submit(self.backends.health_loop(self.settings.health_check_interval_s))
         if self.settings.autostart:
@@ -109,6 +112,14 @@ class ServerState:
         """Run one health-check round now (after a registration)."""
         if self.health.alive:
             self.health.submit(self.backends.check_health())
+
+
+def build_sandboxes(settings: ServerSettings) -> SandboxManager:
+    """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured."""
+    owner = new_owner_id()
+    exclude = ("apptainer",) if settings.sandbox_image is None else ()
+    runtime = make_runtime(settings.runtime, owner, exclude=exclude)
+    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image))
 
 
 async def get_state(request: Request) -> ServerState:

@@ -102,7 +102,7 @@ class Orchestrator:
             for stage in STAGES:
                 self.pools[stage].stop(self.settings.cancel_grace_s)
             if self.sandboxes is not None:
-                leftover = asyncio.run(self.sandboxes.close_all())  # backstop: jobs released theirs
+                leftover = asyncio.run(self.sandboxes.shutdown())  # backstop: jobs released theirs
                 if leftover:
                     log.warning("closed %d sandboxes that outlived their jobs", leftover)
             log.info("pipeline stopped; %d live jobs cancelled", cancelled)

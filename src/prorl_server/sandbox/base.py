@@ -70,6 +70,9 @@ class Runtime(ABC):
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox and return once its execution server answers (or raise SandboxError)."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
+        """Release runtime-wide resources (prewarmed launchers, empty cgroups); the runtime stays usable."""
+
     @classmethod
     @abstractmethod
     def available(cls) -> str | None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 
+from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
 from prorl_server.sandbox.spec import SandboxSpec
 
@@ -19,8 +20,9 @@ class SandboxManager:
     of `/stop` and shutdown, after each job has released its own.
     """
 
-    def __init__(self, runtime: Runtime, default_spec: SandboxSpec | None = None) -> None:
+    def __init__(self, runtime: Runtime, owner: str, default_spec: SandboxSpec | None = None) -> None:
         self.runtime = runtime
+        self.owner = owner
         self.default_spec = default_spec or SandboxSpec()
         self._lock = threading.Lock()
         self._live: set[Sandbox] = set()
@@ -55,3 +57,20 @@ class SandboxManager:
             if isinstance(outcome, BaseException):
                 log.error("closing sandbox %s failed: %s", getattr(sandbox, "id", "?"), outcome)
         return len(live)
+
+    def reap_orphans(self) -> int:
+        """On server start: kill what sandboxes of dead server instances left behind; returns how many."""
+        killed = reaper.reap_orphans(self.owner)
+        if killed:
+            log.warning("reaped %d processes left by sandboxes of earlier server instances", len(killed))
+        return len(killed)
+
+    async def shutdown(self) -> int:
+        """On stop: close every sandbox, release runtime resources, reap anything still carrying our tag."""
+        closed = await self.close_all()
+        self.runtime.close()
+        leftover = reaper.reap(owner=self.owner)
+        if leftover:
+            log.warning("reaped %d processes that outlived their sandboxes", len(leftover))
+        reaper.remove_owner_files(self.owner)
+        return closed

@@ -11,17 +11,11 @@ import asyncio
 import contextlib
 import os
 import signal
-import uuid
 
 from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 # Variables kept from the server's environment when a sandbox's environment is scrubbed.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
-
-
-def new_owner_id() -> str:
-    """A fresh id for one server instance (stamped on everything its sandboxes start)."""
-    return f"prorl-{uuid.uuid4().hex[:12]}"
 
 
 def sandbox_env(owner: str, sandbox_id: str, extra: dict[str, str]) -> dict[str, str]:

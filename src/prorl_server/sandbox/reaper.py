@@ -1,0 +1,173 @@
+"""The reaper: finds sandbox processes by their owner tag (never by name) and kills them by PID.
+
+Every process a sandbox starts has `PRORL_SANDBOX_OWNER=<owner id>` and `PRORL_SANDBOX_ID=<sandbox id>` in
+its environment (`/proc/<pid>/environ`). An owner id names the server instance that started it:
+`prorl-<pid>-<start time>-<random>`, the server's PID and its start time in clock ticks after boot
+(`/proc/<pid>/stat` field 22). An owner is dead when no process has that PID *and* start time, so a reused
+PID never keeps a dead owner alive.
+
+- On server start, `reap_orphans(current_owner)` kills the processes of dead owners only, and removes their
+  private directories and cgroups: two servers on one node never kill each other's sandboxes. Tags that are
+  not in this format are left alone (and logged).
+- On server stop, `reap(owner=current_owner)` kills whatever its own sandboxes left behind.
+
+The reaper must see the servers' PIDs: run servers that share a node in the same PID namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from prorl_server.sandbox import cgroups
+from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_DIR = Path("/tmp/prorl-sandboxes")  # private directories: <base>/<owner>/<sandbox id>/
+_OWNER = re.compile(r"^prorl-(\d+)-(\d+)-[0-9a-f]+$")
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks after boot, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2 :].split()[19])
+
+
+def new_owner_id() -> str:
+    """An owner id for this server instance: its PID, its start time and a random suffix."""
+    pid = os.getpid()
+    return f"prorl-{pid}-{start_time(pid)}-{secrets.token_hex(3)}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """True if the owner's server process still runs, False if it is gone, None if the id is not ours."""
+    match = _OWNER.match(owner)
+    if match is None:
+        return None
+    return start_time(int(match.group(1))) == int(match.group(2))
+
+
+@dataclass(frozen=True)
+class Tagged:
+    """A live process that carries an owner tag."""
+
+    pid: int
+    owner: str
+    sandbox_id: str | None
+
+
+def _environ(pid: int) -> dict[bytes, bytes]:
+    """The tag variables of a process's initial environment (empty if unreadable or not tagged)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return {}
+    if ENV_OWNER.encode() not in data:
+        return {}
+    found = {}
+    for item in data.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (ENV_OWNER.encode(), ENV_SANDBOX_ID.encode()):
+            found[key] = value
+    return found
+
+
+def tagged_processes() -> list[Tagged]:
+    """Every live process with an owner tag (this process excluded)."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        env = _environ(int(name))
+        owner = env.get(ENV_OWNER.encode())
+        if owner is not None:
+            sandbox = env.get(ENV_SANDBOX_ID.encode())
+            found.append(Tagged(int(name), owner.decode(), sandbox.decode() if sandbox is not None else None))
+    return found
+
+
+def _kill_if_tagged(pid: int, key: str, value: str) -> bool:
+    """SIGKILL `pid` if it still carries `key=value`; a pidfd makes sure it is the process that was checked."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:  # no pidfd (old kernel): check, then kill by PID
+        fd = None
+    try:
+        if _environ(pid).get(key.encode()) != value.encode():
+            return False
+        if fd is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kill_tagged(key: str, value: str) -> list[int]:
+    """SIGKILL every process whose environment has `key=value`; returns their PIDs."""
+    env_key = key.encode()
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and _environ(int(n)).get(env_key) == value.encode()]
+    return [pid for pid in pids if pid != os.getpid() and _kill_if_tagged(pid, key, value)]
+
+
+def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tagged]:
+    """SIGKILL tagged processes of `owner` except those of `exclude_owner`.
+
+    `owner=None` means every owner, live servers' included: on a shared node use `reap_orphans` instead.
+    """
+    killed = []
+    for proc in tagged_processes():
+        wanted = (owner is None or proc.owner == owner) and proc.owner != exclude_owner
+        if wanted and _kill_if_tagged(proc.pid, ENV_OWNER, proc.owner):
+            killed.append(proc)
+    if killed:
+        log.warning("reaped %d sandbox processes: %s", len(killed), sorted({p.owner for p in killed}))
+    return killed
+
+
+def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
+    """Kill what is left in an owner's cgroups, remove them and its private directories."""
+    for directory in cgroups.owner_directories(cgroups.detect(warn=False)).get(owner, []):
+        with contextlib.suppress(OSError):
+            leftover = cgroups.SandboxCgroup([d for d in directory.iterdir() if d.is_dir()])
+            leftover.kill()
+            leftover.remove()
+            directory.rmdir()
+    shutil.rmtree(base_dir / owner, ignore_errors=True)
+
+
+def reap_orphans(current_owner: str | None = None, base_dir: Path = DEFAULT_BASE_DIR) -> list[Tagged]:
+    """Server start: kill the processes of dead owners and remove their files; live owners are left alone."""
+    owners = {p.owner for p in tagged_processes()}
+    owners |= set(cgroups.owner_directories(cgroups.detect(warn=False)))
+    with contextlib.suppress(OSError):
+        owners |= {d.name for d in base_dir.iterdir()}
+    killed: list[Tagged] = []
+    for owner in sorted(owners - {current_owner}):
+        alive = owner_alive(owner)
+        if alive is None:
+            log.info("leaving sandbox processes/files of owner %r alone: not a prorl owner id", owner)
+        elif not alive:
+            killed += reap(owner=owner)
+            remove_owner_files(owner, base_dir)
+    return killed

@@ -1,0 +1,241 @@
+"""Host-side client of the in-sandbox execution server (wire format in protocol.py).
+
+One `ToolClient` may be used from any thread and any running event loop, also concurrently: every call
+borrows an idle socket from a small pool (or connects, ~0.1 ms on a Unix socket) and does its
+request/response on the loop it runs on, so no connection is tied to a loop. Each call has a deadline a
+little past the action's own timeout, so a hung server never hangs the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import socket
+import threading
+from typing import Any
+
+from pydantic import BaseModel
+
+from prorl_server.tools.protocol import MAX_LINE
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_OUTPUT = 64_000
+COMMAND_GRACE_S = 15.0  # past a bash/ipython timeout: interrupting, killing, restarting the shell
+KERNEL_START_S = 60.0  # extra for ipython: the first call starts the kernel
+REQUEST_TIMEOUT_S = 120.0  # deadline of the other actions (large uploads and downloads)
+MAX_IDLE_SOCKETS = 4
+RECV_SIZE = 1 << 18
+
+
+class ToolError(Exception):
+    """An action that failed: `error` is the server's exception class name (or a client-side kind:
+    SandboxGone, Timeout, ClientClosed, ProtocolError), `message` says what happened."""
+
+    def __init__(self, error: str, message: str, traceback: str | None = None) -> None:
+        super().__init__(f"{error}: {message}")
+        self.error = error
+        self.message = message
+        self.traceback = traceback
+
+
+class CommandObservation(BaseModel):
+    """What a bash command (or an IPython cell) produced."""
+
+    output: str
+    exit_code: int | None  # None when the command timed out or its shell died
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+
+
+class IPythonObservation(CommandObservation):
+    """A cell's observation; exit_code is 0, or 1 when it raised, and error_name names the exception."""
+
+    error_name: str | None = None
+
+
+class EditObservation(BaseModel):
+    """An editor command's result: on failure `success` is false and `output` says why."""
+
+    output: str
+    success: bool = True
+
+
+class ToolClient:
+    """Talks to one sandbox's execution server over its Unix domain socket."""
+
+    def __init__(self, socket_path: str, request_timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self.request_timeout = request_timeout
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    async def ping(self) -> int:
+        """The server's PID; raises ToolError("SandboxGone") when nothing answers on the socket."""
+        return (await self.request("ping"))["pid"]
+
+    async def wait_ready(self, timeout: float = 30.0, poll_s: float = 0.005) -> int:
+        """Ping until the server answers (returns its PID) or `timeout` passes (ToolError("Timeout"))."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                return await self.ping()
+            except ToolError as exc:
+                if exc.error != "SandboxGone":
+                    raise
+                if loop.time() > deadline:
+                    raise ToolError(
+                        "Timeout",
+                        f"no execution server answered on {self.socket_path} "
+                        f"within {timeout:g}s (last error: {exc.message})",
+                    ) from None
+            await asyncio.sleep(poll_s)
+
+    async def bash(
+        self, command: str, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT
+    ) -> CommandObservation:
+        """Run a command in the sandbox's persistent shell (cwd and environment persist)."""
+        response = await self.request(
+            "bash", timeout + COMMAND_GRACE_S, command=command, timeout=timeout, max_output=max_output
+        )
+        return CommandObservation.model_validate(response)
+
+    async def ipython(
+        self, code: str, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT
+    ) -> IPythonObservation:
+        """Run a cell in the sandbox's persistent IPython kernel."""
+        response = await self.request(
+            "ipython", timeout + COMMAND_GRACE_S + KERNEL_START_S, code=code, timeout=timeout, max_output=max_output
+        )
+        return IPythonObservation.model_validate(response)
+
+    async def edit(self, command: str, path: str, **args: Any) -> EditObservation:
+        """An editor command (view, create, str_replace, insert, undo_edit); a refused edit is data."""
+        try:
+            response = await self.request("edit", command=command, path=path, **args)
+        except ToolError as exc:
+            if exc.error == "EditError":
+                return EditObservation(output=exc.message, success=False)
+            raise
+        return EditObservation(output=response["output"])
+
+    async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> str:
+        """A text file's content; `offset` and `limit` select lines (0-based)."""
+        return (await self.request("read_file", path=path, offset=offset, limit=limit))["content"]
+
+    async def write_file(self, path: str, content: str) -> int:
+        """Write a text file (parent directories are created); returns the bytes written."""
+        return (await self.request("write_file", path=path, content=content))["bytes"]
+
+    async def upload(self, path: str, data: bytes, mode: int | None = None) -> int:
+        """Write bytes to a file, optionally chmod to `mode`; returns the bytes written."""
+        encoded = base64.b64encode(data).decode("ascii")
+        return (await self.request("upload", path=path, data_b64=encoded, mode=mode))["bytes"]
+
+    async def download(self, path: str) -> bytes:
+        """A file's bytes."""
+        return base64.b64decode((await self.request("download", path=path))["data_b64"])
+
+    async def shutdown(self) -> None:
+        """Ask the server to stop (it kills its shell and kernel); a server already gone is fine."""
+        try:
+            await self.request("shutdown")
+        except ToolError as exc:
+            if exc.error != "SandboxGone":
+                raise
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the idle sockets; later calls raise ToolError("ClientClosed")."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    async def request(self, action: str, deadline_s: float | None = None, **args: Any) -> dict[str, Any]:
+        """Send one request and return the response fields; raises ToolError unless it is `ok`."""
+        request_id = next(self._ids)
+        payload = json.dumps({"id": request_id, "action": action, **args}, separators=(",", ":")).encode() + b"\n"
+        deadline_s = self.request_timeout if deadline_s is None else deadline_s
+        sock: socket.socket | None = None
+        try:
+            async with asyncio.timeout(deadline_s):
+                sock = await self._borrow()
+                line = await self._roundtrip(sock, payload)
+        except TimeoutError:
+            if sock is not None:
+                sock.close()
+            raise ToolError(
+                "Timeout",
+                f"no response to {action} from {self.socket_path} within {deadline_s:g}s; the "
+                "execution server is hung or overloaded",
+            ) from None
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        self._give_back(sock)
+        try:
+            response = json.loads(line)
+        except ValueError as exc:
+            raise ToolError("ProtocolError", f"response to {action} is not JSON: {exc}") from None
+        if response.get("id") != request_id:
+            raise ToolError("ProtocolError", f"response id {response.get('id')!r} for request {request_id}")
+        if not response.pop("ok", False):
+            raise ToolError(response.get("error", "Error"), response.get("message", ""), response.get("traceback"))
+        return response
+
+    async def _borrow(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise ToolError("ClientClosed", f"the client of {self.socket_path} was closed")
+            if self._idle:
+                return self._idle.pop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise ToolError(
+                "SandboxGone",
+                f"cannot connect to the execution server at {self.socket_path} ({exc}); the "
+                "sandbox was closed, crashed, or has not started yet",
+            ) from None
+        return sock
+
+    def _give_back(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < MAX_IDLE_SOCKETS:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    async def _roundtrip(self, sock: socket.socket, payload: bytes) -> bytes:
+        """Send a request line and read the response line on the running loop."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_sendall(sock, payload)
+            buffer = bytearray()
+            while True:
+                chunk = await loop.sock_recv(sock, RECV_SIZE)
+                if not chunk:
+                    raise ConnectionResetError("connection closed by the server")
+                buffer += chunk
+                if chunk.endswith(b"\n"):
+                    return bytes(buffer)
+                if len(buffer) > MAX_LINE:
+                    raise ToolError("ProtocolError", f"response longer than {MAX_LINE} bytes")
+        except OSError as exc:
+            raise ToolError(
+                "SandboxGone",
+                f"the execution server at {self.socket_path} went away mid-request ({exc}); "
+                "the sandbox was closed or crashed",
+            ) from None
