@@ -137,11 +137,9 @@ class BwrapRuntime(ProcessRuntime):
         super().__init__(owner, **options)
         self.prewarm = prewarm
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        self._host_root = [
-            *_root_entries(Path("/"), HOST_SYSTEM, ()),
-            *_host_masks(),
-            *(arg for d in _python_dirs() for arg in ("--ro-bind", d, d)),
-        ]
+        self._host_root = [*_root_entries(Path("/"), HOST_SYSTEM, ()), *_host_masks()]
+        # bound after the private /tmp and workdir mounts, which would hide a Python living under them
+        self._python_binds = [arg for d in _python_dirs() for arg in ("--ro-bind", d, d)]
         # RLIMIT_NPROC counts per user namespace for a non-root user; a pids cgroup is better when there is one
         self._nproc = os.geteuid() != 0 and not any("pids" in h.controllers for h in self.cgroups)
         self._pool: dict[str, list[_Launcher]] = {}  # interpreter -> waiting launchers
@@ -191,6 +189,8 @@ class BwrapRuntime(ProcessRuntime):
         for path in writable:
             if path not in targets:
                 args += [*size, "--tmpfs", path]
+        if spec.image is None:
+            args += self._python_binds
         for bind in spec.binds:
             if not os.path.exists(bind.source):
                 raise SandboxError(f"bind source {bind.source} does not exist on the host")
