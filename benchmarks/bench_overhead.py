@@ -116,6 +116,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _report import finish, percentile_ms
 from fastapi import FastAPI, Response
 
 from prorl_server import AgentHandler, JobContext
@@ -650,15 +651,6 @@ def part_pipeline(args: argparse.Namespace, client: LoadClient, backend: Backend
 # ------------------------------------------------------------------------------------------------
 
 
-def percentile_ms(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile of seconds, in milliseconds."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))
-    return 1000 * ordered[rank]
-
-
 def _throughput_figures(result: LoadResult, cpu_s: float, concurrency: int) -> dict[str, Any]:
     n = len(result.latencies)
     return {
@@ -1013,18 +1005,10 @@ def main(argv: list[str] | None = None) -> int:
     report["elapsed_s"] = time.monotonic() - started
     report["failures"] = failures
     print_report(report)
-    for key, message in failures.items():
-        print(f"\nERROR: {key} could not be measured: {message}")
     leaked = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
     children = multiprocessing.active_children()
-    if leaked or children:
-        print(f"\nWARNING: left running: threads {leaked}, processes {[p.name for p in children]}")
-    ending = "exit code 1: a part could not run" if failures else "exit code 0 whatever the figures"
-    print(f"\n(total {report['elapsed_s']:.0f}s; {ending})")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"figures written to {args.json}")
-    return 1 if failures else 0
+    leftovers = f"threads {leaked}, processes {[p.name for p in children]}" if leaked or children else None
+    return finish(report, failures, args.json, leftovers)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import math
 import os
 import platform
 import shutil
@@ -75,6 +73,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from _report import finish, percentile_ms
 
 from prorl_server.tools.client import ToolClient
 from prorl_server.tools.protocol import SOCKET_NAME
@@ -91,15 +91,6 @@ ROUNDS = 4  # each system's series is split in rounds, the order of systems rota
 # ------------------------------------------------------------------------------------------------
 # Figures
 # ------------------------------------------------------------------------------------------------
-
-
-def percentile_ms(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile of seconds, in milliseconds."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))
-    return 1000 * ordered[rank]
 
 
 def summary(values: list[float]) -> dict[str, Any]:
@@ -488,16 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     report["failures"] = failures
     report["left_behind"] = children_alive()
     print_report(report)
-    for key, message in failures.items():
-        print(f"\nERROR: {key} could not be measured: {message}")
-    if report["left_behind"]:
-        print(f"\nWARNING: child processes left running: {report['left_behind']}")
-    ending = "exit code 1: a part could not run" if failures else "exit code 0 whatever the figures"
-    print(f"\n(total {report['elapsed_s']:.0f}s; {ending})")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"figures written to {args.json}")
-    return 1 if failures else 0
+    leftovers = f"child processes {report['left_behind']}" if report["left_behind"] else None
+    return finish(report, failures, args.json, leftovers)
 
 
 if __name__ == "__main__":

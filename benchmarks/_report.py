@@ -1,0 +1,32 @@
+"""Helpers shared by the benchmark scripts: percentiles and the common end of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def percentile_ms(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of seconds, in milliseconds (NaN without values)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))
+    return 1000 * ordered[rank]
+
+
+def finish(report: dict[str, Any], failures: dict[str, str], json_path: Path | None, leftovers: str | None) -> int:
+    """Print the parts that could not run and what was left running, write the JSON; returns the exit code
+    (0 whatever the figures, 1 only when a part could not run)."""
+    for key, message in failures.items():
+        print(f"\nERROR: {key} could not be measured: {message}")
+    if leftovers:
+        print(f"\nWARNING: left running: {leftovers}")
+    ending = "exit code 1: a part could not run" if failures else "exit code 0 whatever the figures"
+    print(f"\n(total {report['elapsed_s']:.0f}s; {ending})")
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"figures written to {json_path}")
+    return 1 if failures else 0
