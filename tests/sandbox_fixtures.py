@@ -13,6 +13,7 @@ machine is skipped with its reason (for bwrap: not installed, or no unprivileged
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -35,14 +36,20 @@ class Case:
     options: dict[str, Any] = field(default_factory=dict)  # make_runtime options
 
 
+APPTAINER_IMAGE = os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif")
+
 CASES: dict[str, Case] = {
     "bwrap": Case(),
+    "apptainer": Case(image=APPTAINER_IMAGE),
     "local": Case(isolating=False),
 }
 
 
 def _param(name: str) -> Any:
     reason = unavailable_reason(name)
+    image = CASES[name].image
+    if reason is None and image is not None and not os.path.exists(image):
+        reason = f"test image {image} missing (scripts/setup-apptainer.sh builds it; or set PRORL_APPTAINER_IMAGE)"
     return pytest.param(name, id=name, marks=pytest.mark.skipif(reason is not None, reason=f"{name}: {reason}"))
 
 

@@ -109,6 +109,7 @@ async def test_writes_go_only_to_workspace_tmp_and_rw_binds(isolated, tmp_path):
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     ro.mkdir()
     rw.mkdir()
+    rw.chmod(0o777)  # a root server runs Apptainer sandboxes as uid 65534 (docs/sandboxes.md)
     sandbox = await isolated.start(
         binds=[Bind(source=str(ro), target="/ro"), Bind(source=str(rw), target="/rw", read_only=False)]
     )
@@ -123,6 +124,8 @@ async def test_writes_go_only_to_workspace_tmp_and_rw_binds(isolated, tmp_path):
 async def test_sandboxes_do_not_share_workspace_tmp_or_processes(isolated):
     one, two = await isolated.start(), await isolated.start()
     await one.bash("echo mine > /workspace/f; echo mine > /tmp/g; echo mine > /dev/shm/h; sleep 300 &")
-    out = await two.bash("cat /workspace/f /tmp/g /dev/shm/h 2>&1; pgrep -c sleep || true")
+    out = await two.bash(
+        "cat /workspace/f /tmp/g /dev/shm/h 2>&1; grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"
+    )
     assert "mine" not in out.output
     assert out.output.strip().splitlines()[-1] == "0"

@@ -43,7 +43,9 @@ async def test_memory_bomb_fails_alone_or_is_killed_by_the_sandbox_memory_limit(
 async def test_disk_fill_stops_at_disk_mb_with_enospc_in_workspace_and_tmp(isolated):
     sandbox = await isolated.start(limits=SandboxLimits(disk_mb=32, file_size_mb=None))
     for path in ("/workspace/fill", "/tmp/fill"):
-        out = await sandbox.bash(f"dd if=/dev/zero of={path} bs=1M count=100 2>&1; du -m {path}", timeout=60)
+        out = await sandbox.bash(
+            f"dd if=/dev/zero of={path} bs=1M count=100 2>&1; du -m --apparent-size {path}", timeout=60
+        )
         assert "No space left on device" in out.output, out.output
         assert int(out.output.split()[-2]) <= 32
         await sandbox.bash(f"rm {path}")
@@ -51,7 +53,9 @@ async def test_disk_fill_stops_at_disk_mb_with_enospc_in_workspace_and_tmp(isola
 
 async def test_a_file_larger_than_file_size_mb_cannot_be_written(isolated):
     sandbox = await isolated.start(limits=SandboxLimits(disk_mb=64, file_size_mb=8))
-    out = await sandbox.bash("dd if=/dev/zero of=/workspace/big bs=1M count=20 2>&1; du -m /workspace/big", timeout=30)
+    out = await sandbox.bash(
+        "dd if=/dev/zero of=/workspace/big bs=1M count=20 2>&1; du -m --apparent-size /workspace/big", timeout=30
+    )
     assert "File too large" in out.output or "File size limit exceeded" in out.output, out.output
     assert int(out.output.split()[-2]) <= 8
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_DIR = Path("/tmp/prorl-sandboxes")  # private directories: <base>/<owner>/<sandbox id>/
 _OWNER = re.compile(r"^prorl-(\d+)-(\d+)-[0-9a-f]+$")
+_TAG_KEYS = (ENV_OWNER.encode(), ENV_SANDBOX_ID.encode())
+_ENGINE_CONFIG = re.compile(rb"^ENGINE_CONFIG(\d+)$")
 
 
 def start_time(pid: int) -> int | None:
@@ -69,7 +71,12 @@ class Tagged:
 
 
 def _environ(pid: int) -> dict[bytes, bytes]:
-    """The tag variables of a process's initial environment (empty if unreadable or not tagged)."""
+    """The tag variables of a process's initial environment (empty if unreadable or not tagged).
+
+    Apptainer's `starter` and `appinit` replace their environment with the engine configuration
+    (`ENGINE_CONFIG1`, `ENGINE_CONFIG2`, ... chunks of one JSON document) that holds the container's
+    environment, tags included; those count as tagged too.
+    """
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             data = f.read()
@@ -77,11 +84,19 @@ def _environ(pid: int) -> dict[bytes, bytes]:
         return {}
     if ENV_OWNER.encode() not in data:
         return {}
-    found = {}
+    found: dict[bytes, bytes] = {}
+    engine_config: dict[int, bytes] = {}
     for item in data.split(b"\0"):
         key, _, value = item.partition(b"=")
-        if key in (ENV_OWNER.encode(), ENV_SANDBOX_ID.encode()):
+        if key in _TAG_KEYS:
             found[key] = value
+        elif (chunk := _ENGINE_CONFIG.match(key)) is not None:
+            engine_config[int(chunk.group(1))] = value
+    if not found and engine_config:
+        config = b"".join(engine_config[i] for i in sorted(engine_config))
+        for key in _TAG_KEYS:
+            if (match := re.search(rb'"' + key + rb'":"([^"]+)"', config)) is not None:
+                found[key] = match.group(1)
     return found
 
 
