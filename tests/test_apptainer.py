@@ -165,7 +165,16 @@ async def test_owner_tag_reaches_every_process_and_close_leaves_none(runtime: Ap
     assert sandbox.pid in tagged  # the host-side top process too
     await sandbox.close()
     assert not [p for p in tagged_processes() if p.sandbox_id == sandbox.id]
-    assert not any(Path(f"/proc/{pid}").exists() for pid in tagged)
+    assert not [pid for pid in tagged if running(pid)]
+
+
+def running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (one whose parent died waits for init to collect it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
 
 
 async def test_environment_is_scrubbed_and_values_arrive_literally(runtime: ApptainerRuntime, monkeypatch):

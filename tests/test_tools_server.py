@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -66,7 +67,7 @@ def start_server() -> RunningServer:
         env={**os.environ, "TMPDIR": str(base)},  # the server's private files go away with `base`
     )
     ready = process.stdout.readline()
-    assert b'"ready": true' in ready, ready
+    assert json.loads(ready)["ready"] is True, ready
     return RunningServer(process, socket_path, workdir)
 
 

@@ -7,12 +7,11 @@ server's stdout, when the line `{"ready": true, "pid": ..., "socket": ...}` is p
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _signal
 import os
-import signal
 import sys
 
+from prorl_server.tools import wire
 from prorl_server.tools.protocol import SOCKET_NAME
 from prorl_server.tools.server import ToolServer
 
@@ -53,18 +52,26 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Serve until shut down, clean up, then end the process with status 0."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     server = ToolServer(args["socket"], args["workdir"])
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: server.stopping.set())
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(signum, lambda *_: server.stopping.set())
     server.listen()
-    with contextlib.suppress(OSError, ValueError):  # nobody reads stdout
-        print(json.dumps({"ready": True, "pid": os.getpid(), "socket": args["socket"]}), flush=True)
+    try:
+        print(wire.dumps({"ready": True, "pid": os.getpid(), "socket": args["socket"]}), flush=True)
+    except (OSError, ValueError):  # nobody reads stdout
+        pass
+    # `threading` records the thread that first imports it as the main thread: make that this one, now that
+    # the server answers (the tools load it on their first call, on connection threads).
+    import threading  # noqa: F401
+
     try:
         server.serve_until_stopped()
     finally:
         server.close()
-    with contextlib.suppress(OSError, ValueError, AttributeError):
+    try:
         sys.stdout.flush()
         sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
     # Everything is cleaned up: skip the interpreter's teardown (~0.1 s once jupyter_client and zmq are loaded).
     os._exit(0)
 

@@ -2,22 +2,21 @@
 
 One thread per connection; a connection's requests are answered in order, so a client that wants calls in
 parallel opens more connections. The shell and the kernel serialize their own calls; the editor and the
-file actions run concurrently. Imports only the standard library at startup: the shell (ptyprocess)
-and the kernel (jupyter_client) are loaded on their first call.
+file actions run concurrently. Imports only C modules and `os` at startup (see wire.py): each tool's
+module is loaded on its first call, the shell's ptyprocess and the kernel's jupyter_client with it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import socket
-import threading
 
+from prorl_server.tools import wire
 from prorl_server.tools.protocol import MAX_LINE
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: the server imports nothing it does not need at startup
 if TYPE_CHECKING:
+    import _socket
+
     from prorl_server.tools.bash import BashSession
     from prorl_server.tools.editor import Editor
     from prorl_server.tools.files import Files
@@ -65,11 +64,6 @@ class BadRequest(Exception):
     """A request the server cannot act on (not JSON, unknown action, wrong arguments)."""
 
 
-def encode(response: dict[str, object]) -> bytes:
-    """One response line."""
-    return json.dumps(response, separators=(",", ":")).encode() + b"\n"
-
-
 def arguments(action: object, request: dict[str, object]) -> dict[str, object]:
     """The request's arguments checked against ARGUMENTS, defaults filled in."""
     spec = ARGUMENTS.get(action) if isinstance(action, str) else None
@@ -97,10 +91,10 @@ class ToolServer:
     def __init__(self, socket_path: str, workdir: str) -> None:
         self.socket_path = socket_path
         self.workdir = os.path.abspath(workdir)
-        self.stopping = threading.Event()
-        self.listener: socket.socket | None = None
+        self.stopping = wire.Flag()
+        self.listener: _socket.socket | None = None
         self._socket_inode = 0
-        self._setup_lock = threading.Lock()
+        self._setup_lock = wire.allocate_lock()
         self._state_dir: str | None = None
         self._bash: BashSession | None = None
         self._ipython: IPythonSession | None = None
@@ -111,33 +105,35 @@ class ToolServer:
         """Bind and listen on a private name, then rename it into place: the socket appears ready to use."""
         # Short temporary name: AF_UNIX paths are limited to 107 bytes.
         temporary = os.path.join(os.path.dirname(self.socket_path), f".{os.getpid()}.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         umask = os.umask(0o177)  # the socket file is created with mode 0600
         try:
-            listener.bind(temporary)
+            listener = wire.unix_listener(temporary)
         finally:
             os.umask(umask)
-        listener.listen(128)
         self._socket_inode = os.stat(temporary).st_ino
         os.replace(temporary, self.socket_path)
         self.listener = listener
 
     def serve_until_stopped(self) -> None:
         """Accept connections on a background thread until `stopping` is set (shutdown action or signal)."""
-        threading.Thread(target=self._accept_loop, name="tools-accept", daemon=True).start()
+        wire.start_thread(self._accept_loop)
         self.stopping.wait()
 
     def close(self) -> None:
         """Stop listening, kill the shell and the kernel with their children, remove private files."""
         if self.listener is not None:
             self.listener.close()
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 if os.stat(self.socket_path).st_ino == self._socket_inode:  # not a newer server's socket
                     os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
         for session in (self._bash, self._ipython):
             if session is not None:
-                with contextlib.suppress(Exception):  # a call still running may race the kill; go on
+                try:
                     session.close()
+                except Exception:  # a call still running may race the kill; go on
+                    pass
         if self._state_dir is not None:
             import shutil
 
@@ -146,9 +142,11 @@ class ToolServer:
     def handle(self, line: bytes) -> tuple[bytes, bool]:
         """Answer one request line; returns the response line and whether the server should stop."""
         try:
-            request = json.loads(line)
-        except ValueError as exc:
-            return encode({"id": None, "ok": False, "error": "BadRequest", "message": f"not JSON: {exc}"}), False
+            request = wire.loads(line.decode())
+        except ValueError as exc:  # UnicodeDecodeError included
+            return wire.encode_line(
+                {"id": None, "ok": False, "error": "BadRequest", "message": f"not JSON: {exc}"}
+            ), False
         request_id = request.get("id") if isinstance(request, dict) else None
         try:
             if not isinstance(request, dict):
@@ -164,7 +162,7 @@ class ToolServer:
 
                 response["traceback"] = traceback.format_exc()
             stop = False
-        return encode(response), stop
+        return wire.encode_line(response), stop
 
     def perform(self, action: str, args: dict[str, object]) -> dict[str, object]:
         """Run one action with checked arguments."""
@@ -237,28 +235,29 @@ class ToolServer:
             return self._files
 
     def _accept_loop(self) -> None:
-        count = 0
         while not self.stopping.is_set():
             try:
-                connection, _ = self.listener.accept()
+                connection = wire.accept(self.listener)
             except OSError:  # the listener was closed
                 return
-            count += 1
-            threading.Thread(target=self._serve, args=(connection,), name=f"tools-conn-{count}", daemon=True).start()
+            wire.start_thread(self._serve, connection)
 
-    def _serve(self, connection: socket.socket) -> None:
-        with connection, connection.makefile("rb") as lines:
+    def _serve(self, connection: _socket.socket) -> None:
+        lines = wire.LineReader(connection, MAX_LINE)
+        try:
             while True:
                 try:
-                    line = lines.readline(MAX_LINE + 1)
+                    line = lines.readline()
                 except OSError:
                     return
                 if not line:
                     return
                 if not line.endswith(b"\n"):
                     error = {"id": None, "ok": False, "error": "BadRequest", "message": "request line too long"}
-                    with contextlib.suppress(OSError):
-                        connection.sendall(encode(error))
+                    try:
+                        connection.sendall(wire.encode_line(error))
+                    except OSError:
+                        pass
                     return
                 response, stop = self.handle(line)
                 try:
@@ -268,3 +267,5 @@ class ToolServer:
                 if stop:
                     self.stopping.set()
                     return
+        finally:
+            connection.close()
