@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: percentiles and the common end of a run."""
+"""Helpers shared by the benchmark scripts: percentiles, the summary table and the common end of a run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,19 @@ def percentile_ms(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     rank = min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))
     return 1000 * ordered[rank]
+
+
+def print_checks(rows: list[dict[str, Any]]) -> None:
+    """The summary table: one row per check with metric, value, baseline, target and PASS/FAIL/-."""
+    print("\nSummary")
+    header = {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}
+    widths = [max(len(str(r.get(k, ""))) for r in [*rows, header]) for k in header]
+    titles = ("metric", "value", "baseline", "target", "pass/fail")
+    print("  " + "  ".join(h.ljust(w) for h, w in zip(titles, [*widths, 9], strict=True)))
+    for r in rows:
+        verdict = "-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
+        cells = (r["metric"], r["value"], r.get("baseline", ""), r["target"], verdict)
+        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, [*widths, 9], strict=True)))
 
 
 def finish(report: dict[str, Any], failures: dict[str, str], json_path: Path | None, leftovers: str | None) -> int:

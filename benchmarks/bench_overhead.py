@@ -116,7 +116,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _report import finish, percentile_ms
+from _report import finish, percentile_ms, print_checks
 from fastapi import FastAPI, Response
 
 from prorl_server import AgentHandler, JobContext
@@ -861,20 +861,7 @@ def print_report(report: dict[str, Any]) -> None:
             "  stage limits can match the pipeline; capped: min(I, E) workers, so no stage can exceed its limit."
         )
     rows = report["checks"]
-    print("\nSummary")
-    widths = [
-        max(
-            len(str(r[k]))
-            for r in [*rows, {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}]
-        )
-        for k in ("metric", "value", "baseline", "target")
-    ]
-    header = ("metric", "value", "baseline", "target", "pass/fail")
-    print("  " + "  ".join(h.ljust(w) for h, w in zip(header, [*widths, 9], strict=True)))
-    for r in rows:
-        verdict = "-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
-        cells = (r["metric"], r["value"], r["baseline"], r["target"], verdict)
-        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, [*widths, 9], strict=True)))
+    print_checks(rows)
 
 
 # ------------------------------------------------------------------------------------------------

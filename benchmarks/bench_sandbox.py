@@ -13,7 +13,8 @@ Part 1 - start-to-ready
     inside answered a ping over its Unix socket. Each sandbox is closed before the next starts (the close
     time is reported too); the runtimes take turns, so a change of load hits all alike. bubblewrap runs
     twice: as configured (`prewarm` launchers already inside their cgroups) and with `prewarm=0` (every
-    start joins fresh cgroups itself). Target: bubblewrap p50 <= 50 ms.
+    start joins fresh cgroups itself). With Apptainer, a bare `apptainer exec IMAGE true` takes its turn as
+    the baseline. Targets: bubblewrap p50 <= 50 ms; Apptainer p50 within 1.5x of the bare exec p50.
 Part 2 - where a bubblewrap start goes (medians of `--starts` runs each)
     `bwrap <the runtime's options> true` (namespaces and mounts), `python -I -S -c pass` (the interpreter),
     the execution server's imports (`import prorl_server.tools.__main__` minus the bare interpreter), and
@@ -30,12 +31,13 @@ JSON output (`--json PATH`); times in milliseconds::
     {
       "machine": {"cpus", "python", "platform", "load_avg_1m_at_start", "cgroups": [controllers]},
       "config": {every command-line option},
-      "start": {runtime label: {"n", "p50_ms", "p99_ms", "min_ms", "close_p50_ms"}},
+      "start": {runtime label or "apptainer exec IMAGE true": {"n", "p50_ms", "p99_ms", "min_ms", "close_p50_ms"}},
       "breakdown": {"bwrap_true_ms", "python_bare_ms", "tools_imports_ms", "cgroup_join_after_quiet_ms"},
       "concurrent": {runtime: {"n", "start_all_s", "pss_mb_per_sandbox", "mem_available_drop_mb_per_sandbox",
                                "processes_per_sandbox", "close_all_s", "leftovers"}},
       "skipped": {runtime: reason},
-      "checks": [{"metric", "value", "target", "pass"}]
+      "checks": [{"metric", "value", "baseline", "target", "pass"}],
+      "elapsed_s"
     }
 
 Exit code 0 whatever the figures; 1 only if a part could not run at all.
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import platform
@@ -56,17 +57,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _report import finish, percentile_ms, print_checks
+
 from prorl_server.sandbox import Runtime, SandboxSpec, available, make_runtime, new_owner_id
+from prorl_server.sandbox.apptainer import bare_exec_seconds
 from prorl_server.sandbox.cgroups import detect
 from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
 
 TARGET_BWRAP_P50_MS = 50.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+TARGET_APPTAINER_RATIO = 1.5  # apptainer start-to-ready p50 / bare `apptainer exec IMAGE true` p50
+BARE_APPTAINER = "apptainer exec IMAGE true"
+DEFAULT_APPTAINER_IMAGE = os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif")
 
 
 def mem_available_mb() -> float:
@@ -105,10 +106,16 @@ def spec_for(name: str, images: dict[str, str]) -> SandboxSpec:
     return SandboxSpec(image=images.get(name))
 
 
-async def part_start(variants: dict[str, tuple[Runtime, SandboxSpec]], starts: int) -> dict[str, Any]:
-    """Sequential start-to-ready and close times; the variants take turns, so load changes hit all alike."""
+async def part_start(
+    variants: dict[str, tuple[Runtime, SandboxSpec]], starts: int, bare_apptainer_image: str | None = None
+) -> dict[str, Any]:
+    """Sequential start-to-ready and close times; the variants take turns, so load changes hit all alike.
+
+    With `bare_apptainer_image`, `apptainer exec IMAGE true` takes its turn too (the Apptainer baseline)."""
     ready: dict[str, list[float]] = {label: [] for label in variants}
     closing: dict[str, list[float]] = {label: [] for label in variants}
+    if bare_apptainer_image is not None:
+        ready[BARE_APPTAINER], closing[BARE_APPTAINER] = [], [0.0]
     for _ in range(starts):
         for label, (runtime, spec) in variants.items():
             started = time.perf_counter()
@@ -118,15 +125,18 @@ async def part_start(variants: dict[str, tuple[Runtime, SandboxSpec]], starts: i
             await sandbox.close()
             closing[label].append((time.perf_counter() - started) * 1000)
             await asyncio.sleep(0.02)  # a quiet gap, as between jobs
+        if bare_apptainer_image is not None:
+            ready[BARE_APPTAINER] += [1000 * t for t in bare_exec_seconds(bare_apptainer_image, runs=1)]
+            await asyncio.sleep(0.02)
     return {
         label: {
             "n": starts,
             "p50_ms": round(statistics.median(ready[label]), 1),
-            "p99_ms": round(percentile(ready[label], 0.99), 1),
+            "p99_ms": round(percentile_ms([t / 1000 for t in ready[label]], 99), 1),
             "min_ms": round(min(ready[label]), 1),
             "close_p50_ms": round(statistics.median(closing[label]), 1),
         }
-        for label in variants
+        for label in ready
     }
 
 
@@ -214,6 +224,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "concurrent": {},
         "skipped": {n: reasons.get(n, "unknown runtime") for n in names if reasons.get(n, "unknown") is not None},
     }
+    if "apptainer" in names and "apptainer" not in out["skipped"] and not os.path.exists(args.image["apptainer"]):
+        out["skipped"]["apptainer"] = (
+            f"no image at {args.image['apptainer']} (scripts/setup-apptainer.sh builds one; or --image apptainer=PATH)"
+        )
     names = [n for n in names if n not in out["skipped"]]
     owners: list[str] = []
 
@@ -228,33 +242,88 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             variants[name] = (runtime_for(name)[0], spec_for(name, args.image))
             if name == "bwrap":
                 variants["bwrap (prewarm=0)"] = (runtime_for(name, prewarm=0)[0], spec_for(name, args.image))
-        await part_start(variants, min(5, args.starts))  # warm the page cache
-        out["start"] = await part_start(variants, args.starts)
-        for label, (runtime, _) in variants.items():
+        bare = args.image["apptainer"] if "apptainer" in names else None
+        print(f"part 1: {args.starts} sequential starts of {', '.join(variants)}", flush=True)
+        await part_start(variants, min(5, args.starts), bare)  # warm the page cache
+        out["start"] = await part_start(variants, args.starts, bare)
+        for runtime, _ in variants.values():
             getattr(runtime, "close", lambda: None)()
-            print(f"start-to-ready {label:20s} {out['start'][label]}", flush=True)
         if "bwrap" in names:
+            print("part 2: where a bubblewrap start goes", flush=True)
             out["breakdown"] = part_breakdown(new_owner_id(), args.starts)
-            print(f"bwrap breakdown {out['breakdown']}", flush=True)
         for name in names:
+            print(f"part 3: {args.concurrent} {name} sandboxes at once", flush=True)
             runtime, owner = runtime_for(name)
             out["concurrent"][name] = await part_concurrent(runtime, owner, spec_for(name, args.image), args.concurrent)
             getattr(runtime, "close", lambda: None)()
-            print(f"{args.concurrent} at once {name:8s} {out['concurrent'][name]}", flush=True)
     finally:
         for owner in owners:
             reap(owner=owner)
             remove_owner_files(owner)
-    bwrap = out["start"].get("bwrap")
-    out["checks"] = [
+    out["checks"] = build_checks(out["start"])
+    return out
+
+
+def build_checks(start: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets: bubblewrap p50, and Apptainer p50 against bare `apptainer exec` in the same run."""
+    bwrap = start.get("bwrap")
+    checks = [
         {
             "metric": "bwrap start-to-ready p50 (ms)",
             "value": bwrap["p50_ms"] if bwrap else None,
-            "target": TARGET_BWRAP_P50_MS,
+            "baseline": "",
+            "target": f"<= {TARGET_BWRAP_P50_MS:.0f}",
             "pass": None if bwrap is None else bwrap["p50_ms"] <= TARGET_BWRAP_P50_MS,
         }
     ]
-    return out
+    apptainer, bare = start.get("apptainer"), start.get(BARE_APPTAINER)
+    if apptainer and bare:
+        ratio = apptainer["p50_ms"] / bare["p50_ms"]
+        checks.append(
+            {
+                "metric": "apptainer start-to-ready p50 / bare exec p50",
+                "value": f"{ratio:.2f}x ({apptainer['p50_ms']:.0f} ms)",
+                "baseline": f"{BARE_APPTAINER}: {bare['p50_ms']:.0f} ms",
+                "target": f"<= {TARGET_APPTAINER_RATIO}x",
+                "pass": ratio <= TARGET_APPTAINER_RATIO,
+            }
+        )
+    return checks
+
+
+def print_report(out: dict[str, Any]) -> None:
+    """Human-readable tables."""
+    print("\nStart-to-ready, one at a time (ms)")
+    print(f"  {'runtime':<28}{'n':>5}{'p50':>9}{'p99':>9}{'min':>9}{'close p50':>11}")
+    for label, f in out["start"].items():
+        close = f"{f['close_p50_ms']:>11.1f}" if label != BARE_APPTAINER else f"{'':>11}"
+        print(f"  {label:<28}{f['n']:>5}{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['min_ms']:>9.1f}{close}")
+    breakdown = out.get("breakdown")
+    if breakdown:
+        print("\nWhere a bubblewrap start goes (medians, ms)")
+        rows = (
+            ("bwrap <options> true", "bwrap_true_ms"),
+            ("python -I -S -c pass", "python_bare_ms"),
+            ("execution server imports", "tools_imports_ms"),
+            ("cgroup v1 join after quiet", "cgroup_join_after_quiet_ms"),
+        )
+        for label, key in rows:
+            print(f"  {label:<28}{breakdown[key]:>9.1f}")
+    if out["concurrent"]:
+        print("\nMany at once")
+        print(
+            f"  {'runtime':<12}{'n':>5}{'start all s':>13}{'PSS MB/sbx':>12}{'MemAvail MB/sbx':>17}"
+            f"{'procs/sbx':>11}{'close all s':>13}{'left':>6}"
+        )
+        for name, f in out["concurrent"].items():
+            print(
+                f"  {name:<12}{f['n']:>5}{f['start_all_s']:>13.2f}{f['pss_mb_per_sandbox']:>12.1f}"
+                f"{f['mem_available_drop_mb_per_sandbox']:>17.1f}{f['processes_per_sandbox']:>11.1f}"
+                f"{f['close_all_s']:>13.2f}{f['leftovers']:>6}"
+            )
+    for name, reason in out["skipped"].items():
+        print(f"\nskipped {name}: {reason}")
+    print_checks(out["checks"])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,29 +340,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="RUNTIME=PATH",
-        help="image for a runtime's sandboxes (apptainer needs one), e.g. apptainer=/tmp/apptainer-test/images/py.sif",
+        help="image for a runtime's sandboxes (apptainer needs one; default: $PRORL_APPTAINER_IMAGE or "
+        f"{DEFAULT_APPTAINER_IMAGE})",
     )
     args = parser.parse_args(argv)
-    args.image = dict(item.split("=", 1) for item in args.image)
+    args.image = {"apptainer": DEFAULT_APPTAINER_IMAGE, **dict(item.split("=", 1) for item in args.image)}
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print a summary, optionally write JSON."""
+    """Run the benchmark, print the tables, optionally write JSON."""
     logging.basicConfig(level=logging.ERROR)
     args = parse_args(argv)
+    started = time.monotonic()
+    failures: dict[str, str] = {}
     try:
         out = asyncio.run(run(args))
     except Exception as exc:  # a part that cannot run at all
-        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    for name, reason in out["skipped"].items():
-        print(f"skipped {name}: {reason}")
-    for check in out["checks"]:
-        print(f"{check['metric']}: {check['value']} (target <= {check['target']}, pass={check['pass']})")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-    return 0
+        out = {"start": {}, "concurrent": {}, "skipped": {}, "checks": []}
+        failures["run"] = f"{type(exc).__name__}: {exc}"
+    out["elapsed_s"] = time.monotonic() - started
+    print_report(out)
+    return finish(out, failures, args.json, None)
 
 
 if __name__ == "__main__":

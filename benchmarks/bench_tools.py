@@ -74,7 +74,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _report import finish, percentile_ms
+from _report import finish, percentile_ms, print_checks
 
 from prorl_server.tools.client import ToolClient
 from prorl_server.tools.protocol import SOCKET_NAME
@@ -388,16 +388,7 @@ def print_report(report: dict[str, Any]) -> None:
         for label, key in rows:
             f = startup[key]
             print(f"  {label:<40}{f['n']:>5}{f['p50_ms']:>10.1f}{f['p99_ms']:>10.1f}")
-    rows = report["checks"]
-    print("\nSummary")
-    header = {"metric": "metric", "value": "value", "baseline": "baseline", "target": "target"}
-    widths = [max(len(str(r[k])) for r in [*rows, header]) for k in header]
-    titles = ("metric", "value", "baseline", "target", "pass/fail")
-    print("  " + "  ".join(h.ljust(w) for h, w in zip(titles, [*widths, 9], strict=True)))
-    for r in rows:
-        verdict = "-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
-        cells = (r["metric"], r["value"], r["baseline"], r["target"], verdict)
-        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(cells, [*widths, 9], strict=True)))
+    print_checks(report["checks"])
 
 
 def children_alive() -> list[int]:
