@@ -65,8 +65,11 @@ class IPythonSession:
 
     def _execute(self, code: str, deadline: float, max_output: int, started: float) -> dict[str, object]:
         client = self.client
-        while client.shell_channel.msg_ready():  # replies of earlier cells
-            client.get_shell_msg()  # (the client's getters are sync in jupyter_client 7 and 8 alike)
+        while True:  # drop replies of earlier cells (not msg_ready(): a coroutine in jupyter_client 7)
+            try:
+                client.get_shell_msg(timeout=0)  # the getters are sync in jupyter_client 7 and 8 alike
+            except queue.Empty:
+                break
         msg_id = self.client.execute(code, allow_stdin=False, stop_on_error=False)
         capture = TextCapture(max_output)
         errors: list[str] = []
