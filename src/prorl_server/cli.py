@@ -52,7 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-autostart", action="store_true", help="wait for POST /start before accepting jobs")
     serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
     add_build_image(sub)
+    add_dev_llm(sub)
     return parser
+
+
+def add_dev_llm(sub: argparse._SubParsersAction) -> None:
+    """The `dev-llm` subcommand: a real small LLM on the CPU speaking vLLM's protocol (prorl_server.devllm)."""
+    from prorl_server.devllm.cli import add_arguments
+
+    dev_llm = sub.add_parser(
+        "dev-llm",
+        help="serve a small GGUF model with vLLM's HTTP protocol (needs the devllm extra)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(dev_llm)
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
@@ -165,6 +178,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)
+    elif args.command == "dev-llm":
+        from prorl_server.devllm.cli import run_from_args
+
+        run_from_args(args)
 
 
 if __name__ == "__main__":
