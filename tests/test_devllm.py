@@ -380,7 +380,7 @@ async def test_vllm_client_works_against_the_dev_engine(dev):
     client = VLLMClient()
     address = f"{dev.url}/v1"
     try:
-        assert await client.served_model(address) == MODEL
+        assert (await client.served_model(address)).id == MODEL
         prompt = await client.tokenize_messages(address, MODEL, MESSAGES, add_generation_prompt=True)
         assert prompt == dev.tokenize_chat(MESSAGES)
         completion = await client.complete(address, MODEL, prompt, {"max_tokens": 6, "temperature": 0.7, "seed": 5})

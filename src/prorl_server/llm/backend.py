@@ -17,6 +17,7 @@ class Backend:
     weight_version: str | int | None = None
     tags: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
+    max_model_len: int | None = None  # the served model's context length, when the backend says
     assigned: int = 0
     in_flight: int = 0
     healthy: bool = True

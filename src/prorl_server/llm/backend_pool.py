@@ -118,9 +118,10 @@ class BackendPool:
             self._cache[(backend.address, key)] = value
 
     async def resolve_model(self, backend: Backend) -> str | None:
-        """The served model name, asked once per backend."""
+        """The served model name (and context length), asked once per backend."""
         if backend.model is None:
-            backend.model = await self.client.served_model(backend.address)
+            served = await self.client.served_model(backend.address)
+            backend.model, backend.max_model_len = served.id, served.max_model_len
         return backend.model
 
     # health -------------------------------------------------------------------------------------

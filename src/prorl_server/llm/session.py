@@ -168,6 +168,14 @@ class LLMSession:
         traj.response_mask.extend([0] * len(ids))
         traj.response_logprobs.extend([0.0] * len(ids))
 
+    async def context_limit(self) -> int | None:
+        """The pinned backend's context length (`max_model_len` of `/v1/models`), None if it does not say."""
+
+        async def limit(backend: Backend) -> int | None:
+            return backend.max_model_len
+
+        return await self._with_backend(limit)
+
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
         return await self._with_backend(lambda b: self.pool.client.tokenize_text(b.address, b.model, text))

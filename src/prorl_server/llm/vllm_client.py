@@ -26,6 +26,14 @@ class Completion:
     text: str
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """A model a backend serves: its id and context length (None when the backend does not say)."""
+
+    id: str
+    max_model_len: int | None
+
+
 def server_root(address: str) -> str:
     """`http://h:p/v1` -> `http://h:p` (vLLM serves /tokenize, /detokenize and /health at the root)."""
     address = address.rstrip("/")
@@ -160,8 +168,8 @@ class VLLMClient:
         body = await self._post(f"{server_root(address)}/detokenize", payload)
         return str(body.get("prompt", ""))
 
-    async def served_model(self, address: str) -> str:
-        """The first model id the backend serves (`GET /v1/models`)."""
+    async def served_model(self, address: str) -> ServedModel:
+        """The first model the backend serves, with its context length (`GET /v1/models`)."""
         url = f"{address.rstrip('/')}/models"
         try:
             response = await self._client().get(url)
@@ -170,7 +178,8 @@ class VLLMClient:
         data = _json_or_raise(response).get("data") or []
         if not data:
             raise BackendUnavailable(f"GET {url} lists no model")
-        return str(data[0]["id"])
+        length = data[0].get("max_model_len")
+        return ServedModel(id=str(data[0]["id"]), max_model_len=length if isinstance(length, int) else None)
 
     async def healthy(self, address: str, timeout_s: float = 5.0) -> tuple[bool, str | None]:
         """Probe `GET /health`; returns (ok, error message)."""
