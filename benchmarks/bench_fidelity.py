@@ -1,0 +1,268 @@
+"""Benchmark: token fidelity of multi-turn trajectories from a real model (the dev engine).
+
+Run it from the repository root (needs the devllm extra)::
+
+    .venv/bin/python benchmarks/bench_fidelity.py [--json out.json] [--jobs 200] [--turns 2] [--max-tokens 24]
+
+About 3 minutes on 2 cores with the defaults. It starts `prorl-server dev-llm --debug-sampled` (SmolLM2-135M)
+and `prorl-server serve` with the follow-up handler of fidelity_handler.py as child processes, runs `--jobs` multi-turn
+chats through `POST /process` (sampling at temperature 1, seeds varied), and stops both by PID.
+
+Part 1 - returned ids equal sampled ids
+    Each assistant turn of each returned trajectory is matched with the engine's own record of that request
+    (same prompt ids) from `GET /debug/sampled`; the figure is the share of model tokens (mask 1) whose id
+    AND logprob are exactly what the engine sampled. Target: 100%.
+Part 2 - what a decode-then-re-encode path would have changed
+    Text-based agent frameworks keep the model's turn as text and tokenize it again for the next prompt and
+    for training. For each turn, the returned text is re-encoded with the model's tokenizer (`/tokenize`)
+    and compared with the sampled ids (the end-of-turn token excluded): a trajectory counts as changed when
+    any of its turns re-encodes differently, i.e. the trainer would have scored tokens the model never
+    sampled.
+
+JSON output (`--json PATH`)::
+
+    {
+      "machine": {"cpus", "python", "load_avg_1m_at_start"},
+      "config": {every command-line option},
+      "jobs": {"completed", "failed"},
+      "fidelity": {"turns", "model_tokens", "tokens_matching", "share_matching", "turns_unmatched"},
+      "reencode": {"trajectories", "trajectories_changed", "share_changed", "turns_changed", "tokens_changed"},
+      "engine": {"generated_tokens", "wall_s", "tokens_per_s"},
+      "checks": [{"metric", "value", "baseline", "target", "pass"}],
+      "elapsed_s"
+    }
+
+Exit code 0 whatever the figures; 1 only if a part could not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _report import finish, print_checks
+
+from prorl_server.client import LocalStack
+
+HANDLER_FILE = Path(__file__).resolve().parent / "fidelity_handler.py"
+QUESTIONS = [
+    "Name three colors of the rainbow.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "What is 12 times 12?",
+    "Give me a tip for learning Python.",
+    "Why is the sky blue?",
+    "Describe a cat in one sentence.",
+    "What is a prime number?",
+    "Tell me a fun fact about space.",
+    "Translate 'good morning' into Spanish.",
+    "What does HTTP stand for?",
+    "Suggest a name for a pet goldfish.",
+    "List two uses of a paperclip.",
+    "What is the boiling point of water?",
+    "Explain recursion to a child.",
+    "What is the largest ocean?",
+    "Write a sentence with the word 'lantern'.",
+    "How many legs does a spider have?",
+    "What is your favorite season and why?",
+]
+
+
+async def run_jobs(server: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """All jobs through POST /process, `--concurrency` at a time, with a progress line."""
+    limit = asyncio.Semaphore(args.concurrency)
+    done: list[dict[str, Any]] = []
+
+    async def one(http: httpx.AsyncClient, i: int) -> None:
+        instance = {"data_source": "followup", "question": QUESTIONS[i % len(QUESTIONS)], "seed": i}
+        sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "turns": args.turns}
+        async with limit:
+            response = await http.post(f"{server}/process", json={"instance": instance, "sampling_params": sampling})
+        done.append(response.json())
+        print(f"\r  {len(done)}/{args.jobs} trajectories", end="", flush=True)
+
+    async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+        await asyncio.gather(*(one(http, i) for i in range(args.jobs)))
+    print()
+    return done
+
+
+def check_fidelity(results: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> dict[str, Any]:
+    """Part 1: every mask-1 token against the engine's record of the request that produced it."""
+    by_prompt = {tuple(r["prompt_ids"]): r for r in sampled}
+    turns = tokens = matching = unmatched = 0
+    for result in results:
+        traj = result["trajectory"]
+        stream = traj["prompt_ids"] + traj["response_ids"]
+        offset = len(traj["prompt_ids"])
+        for turn in traj["turns"]:
+            turns += 1
+            start = turn["prompt_len"] - offset  # where this turn's ids sit in response_ids
+            returned = traj["response_ids"][start : start + len(turn["output_ids"])]
+            logprobs = traj["response_logprobs"][start : start + len(turn["output_ids"])]
+            assert all(m == 1 for m in traj["response_mask"][start : start + len(returned)])
+            record = by_prompt.get(tuple(stream[: turn["prompt_len"]]))
+            tokens += len(returned)
+            if record is None:
+                unmatched += 1
+                continue
+            matching += (
+                sum(
+                    1
+                    for got, lp, want, want_lp in zip(
+                        returned, logprobs, record["output_ids"], record["logprobs"], strict=False
+                    )
+                    if got == want and lp == want_lp
+                )
+                if len(returned) == len(record["output_ids"])
+                else 0
+            )
+    return {
+        "turns": turns,
+        "model_tokens": tokens,
+        "tokens_matching": matching,
+        "share_matching": matching / tokens if tokens else None,
+        "turns_unmatched": unmatched,
+    }
+
+
+async def check_reencode(llm: str, results: list[dict[str, Any]], eos_ids: set[int]) -> dict[str, Any]:
+    """Part 2: re-encode each turn's text and compare with what was sampled."""
+    root = llm.removesuffix("/v1")
+    changed_trajectories = changed_turns = changed_tokens = 0
+    async with httpx.AsyncClient(timeout=60, trust_env=False) as http:
+        for result in results:
+            changed = False
+            for turn in result["trajectory"]["turns"]:
+                sampled = [t for t in turn["output_ids"] if t not in eos_ids]
+                response = await http.post(
+                    f"{root}/tokenize", json={"prompt": turn["text"], "add_special_tokens": False}
+                )
+                again = response.json()["tokens"]
+                if again != sampled:
+                    changed = True
+                    changed_turns += 1
+                    same = sum(1 for a, b in zip(again, sampled, strict=False) if a == b)
+                    changed_tokens += max(len(again), len(sampled)) - same
+            changed_trajectories += changed
+    n = len(results)
+    return {
+        "trajectories": n,
+        "trajectories_changed": changed_trajectories,
+        "share_changed": changed_trajectories / n if n else None,
+        "turns_changed": changed_turns,
+        "tokens_changed": changed_tokens,
+    }
+
+
+def end_of_turn_ids(llm: str) -> set[int]:
+    """Ids of the chat template's end-of-turn markers (never part of a turn's text)."""
+    root = llm.removesuffix("/v1")
+    with httpx.Client(timeout=30, trust_env=False) as http:
+        ids = http.post(f"{root}/tokenize", json={"prompt": "<|im_end|><|endoftext|>", "add_special_tokens": False})
+    return set(ids.json()["tokens"])
+
+
+def measure(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    """Start the stack, run the jobs, compare; returns the figures."""
+    with LocalStack(logs) as stack:
+        print("starting the dev engine (SmolLM2-135M, 2 slots) and prorl-server ...", flush=True)
+        llm = stack.dev_llm("--slots", "2", "--debug-sampled", str(args.jobs * args.turns + 100))
+        server = stack.server(
+            "--llm-server", llm, "--handler", f"followup={HANDLER_FILE}:FollowUpHandler",
+            "--no-entry-points", "--runtime", "local", "--run-workers", str(args.concurrency), "--log-level", "warning",
+        )  # fmt: skip
+        print(f"running {args.jobs} chats of {args.turns} turns (max_tokens {args.max_tokens}, temperature 1)")
+        started = time.monotonic()
+        results = asyncio.run(run_jobs(server, args))
+        wall = time.monotonic() - started
+        completed = [r for r in results if r.get("status") == "completed"]
+        with httpx.Client(timeout=60, trust_env=False) as http:
+            sampled = http.get(f"{llm.removesuffix('/v1')}/debug/sampled").json()
+        fidelity = check_fidelity(completed, sampled)
+        reencode = asyncio.run(check_reencode(llm, completed, end_of_turn_ids(llm)))
+    generated = fidelity["model_tokens"]
+    return {
+        "jobs": {"completed": len(completed), "failed": len(results) - len(completed)},
+        "fidelity": fidelity,
+        "reencode": reencode,
+        "engine": {"generated_tokens": generated, "wall_s": round(wall, 1), "tokens_per_s": round(generated / wall, 1)},
+    }
+
+
+def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Part 1's target; part 2 is the baseline it is compared with."""
+    fidelity, reencode = report["fidelity"], report["reencode"]
+    share = fidelity["share_matching"]
+    return [
+        {
+            "metric": "model tokens returned exactly as sampled (id and logprob)",
+            "value": f"{100 * share:.2f}% of {fidelity['model_tokens']}" if share is not None else None,
+            "baseline": f"re-encoding changes {reencode['trajectories_changed']}/{reencode['trajectories']} trajectories",
+            "target": "100%",
+            "pass": share == 1.0 and fidelity["turns_unmatched"] == 0,
+        }
+    ]
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """Human-readable tables."""
+    if "fidelity" in report:
+        f, r, e = report["fidelity"], report["reencode"], report["engine"]
+        print("\nReturned vs sampled (part 1)")
+        print(f"  {'turns':<34}{f['turns']:>10}")
+        print(f"  {'model tokens':<34}{f['model_tokens']:>10}")
+        print(f"  {'equal id and logprob':<34}{f['tokens_matching']:>10}")
+        print(f"  {'turns without an engine record':<34}{f['turns_unmatched']:>10}")
+        print("\nDecode-then-re-encode (part 2)")
+        print(f"  {'trajectories':<34}{r['trajectories']:>10}")
+        print(f"  {'trajectories changed':<34}{r['trajectories_changed']:>10}")
+        print(f"  {'turns changed':<34}{r['turns_changed']:>10}")
+        print(f"  {'tokens changed':<34}{r['tokens_changed']:>10}")
+        print(
+            f"\nDev engine: {e['generated_tokens']} tokens in {e['wall_s']} s = {e['tokens_per_s']} tokens/s (2 slots)"
+        )
+    print_checks(report.get("checks", []))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the tables, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--jobs", type=int, default=200, help="trajectories")
+    parser.add_argument("--turns", type=int, default=2, help="assistant turns per trajectory")
+    parser.add_argument("--max-tokens", type=int, default=24, help="max_tokens of each turn")
+    parser.add_argument("--concurrency", type=int, default=4, help="jobs in flight")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_start": os.getloadavg()[0],
+        },
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+    failures: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as tmp:
+        try:
+            report.update(measure(args, Path(tmp)))
+            report["checks"] = build_checks(report)
+        except Exception as exc:  # a part that cannot run at all
+            failures["fidelity"] = f"{type(exc).__name__}: {exc}"
+    report["elapsed_s"] = time.monotonic() - started
+    print_report(report)
+    return finish(report, failures, args.json, None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Run a dev engine and a prorl-server as child processes on this machine, and stop them by PID.
+
+For scripts, examples and benchmarks that need the whole stack locally::
+
+    with LocalStack(log_dir) as stack:
+        llm = stack.dev_llm()                       # http://127.0.0.1:P/v1
+        server = stack.server("--llm-server", llm)  # http://127.0.0.1:Q
+        ...
+
+Each child runs in its own session (Ctrl-C reaches only this process, which stops them). Leaving the
+block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import httpx
+
+READY_TIMEOUT_S = 120.0
+STOP_GRACE_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalStack:
+    """Child processes of this script: started, waited for, always stopped."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._previous_sigterm: signal.Handlers | None = None
+
+    def __enter__(self) -> LocalStack:
+        self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM acts like Ctrl-C
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+        signal.signal(signal.SIGTERM, self._previous_sigterm or signal.SIG_DFL)
+
+    def launch(self, name: str, argv: list[str], health_url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Start `argv` (output to `<log_dir>/<name>.log`) and wait until `health_url` answers 200."""
+        with (self.log_dir / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} before it was ready:\n{self.tail(name)}")
+            try:
+                if httpx.get(health_url, timeout=1.0, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} was not ready within {timeout_s:.0f} s:\n{self.tail(name)}")
+
+    def dev_llm(self, *options: str) -> str:
+        """Start `prorl-server dev-llm` (extra options passed on); returns its `/v1` address."""
+        port = free_port()
+        argv = [sys.executable, "-m", "prorl_server.devllm", "--port", str(port), *options]
+        self.launch("dev_llm", argv, f"http://127.0.0.1:{port}/health")
+        return f"http://127.0.0.1:{port}/v1"
+
+    def server(self, *options: str) -> str:
+        """Start `prorl-server serve` (extra options passed on); returns its address."""
+        port = free_port()
+        argv = [sys.executable, "-m", "prorl_server.cli", "serve", "--port", str(port), *options]
+        self.launch("prorl_server", argv, f"http://127.0.0.1:{port}/health")
+        return f"http://127.0.0.1:{port}"
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        """The last lines of a child's log."""
+        path = self.log_dir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        """SIGTERM each child by PID, newest first; SIGKILL what is still there after the grace period."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
