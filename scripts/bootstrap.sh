@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install prorl-server into it with the given extras, e.g. `bootstrap.sh test`.
+# Create .venv (if missing) and install prorl-server into it with the given extras (e.g. `bootstrap.sh test`),
+# plus the first-party handlers (handlers/, a plugin distribution like any third party's).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -14,6 +15,14 @@ fi
 extras="${1:-}"
 target="$root"
 [ -n "$extras" ] && target="$root[$extras]"
-echo "==> installing prorl-server${extras:+ [$extras]} into .venv"
+echo "==> installing prorl-server${extras:+ [$extras]} and its handlers into .venv"
 "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-"$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$target"
+case ",$extras," in
+  *,devllm,*|*,test,*)
+    if ! "$root/.venv/bin/python" -c "import llama_cpp" 2>/dev/null; then
+      echo "    (the dev engine's llama-cpp-python is built from source the first time: about 5 minutes on 2 cores;"
+      echo "     pip keeps the built wheel, later installs take seconds)"
+    fi
+    ;;
+esac
+"$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$target" -e "$root/handlers"

@@ -14,7 +14,7 @@ if [ -x /tmp/apptainer-test/bin/apptainer ]; then
 fi
 cd "$root"
 echo "==> ruff"
-.venv/bin/ruff check src tests benchmarks examples
-.venv/bin/ruff format --check src tests benchmarks examples
+.venv/bin/ruff check src tests benchmarks examples handlers
+.venv/bin/ruff format --check src tests benchmarks examples handlers
 echo "==> pytest"
 exec .venv/bin/python -m pytest "$@"

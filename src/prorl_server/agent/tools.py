@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prorl_server.handlers.context import JobContext
+from prorl_server.tools.client import CLIENT_ERRORS, ToolError
 
 ToolFunction = Callable[[JobContext, dict[str, Any]], Awaitable[str]]
 
@@ -99,7 +100,12 @@ async def _ipython(ctx: JobContext, arguments: dict[str, Any]) -> str:
 
 async def _edit(ctx: JobContext, arguments: dict[str, Any]) -> str:
     options = {k: v for k, v in arguments.items() if k not in ("command", "path")}
-    result = await _sandbox(ctx).edit(arguments["command"], arguments["path"], **options)
+    try:
+        result = await _sandbox(ctx).edit(arguments["command"], arguments["path"], **options)
+    except ToolError as exc:  # the file system refused (read-only, not readable, ...): the model reads why
+        if exc.error in CLIENT_ERRORS:  # the sandbox itself is gone: the job fails
+            raise
+        return f"Error: {exc.error}: {exc.message}"
     return result.output if result.success else f"Error: {result.output}"
 
 

@@ -17,7 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 
@@ -96,6 +98,24 @@ class LocalStack:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def run_with_stack(prefix: str, demo: Callable[[LocalStack], int]) -> int:
+    """`demo(stack)` with a fresh LocalStack (logs in a temporary directory); returns its exit code, 130 on
+    Ctrl-C or SIGTERM, 1 on an error (printed with the children's last log lines). Children always stop."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, LocalStack(Path(tmp)) as stack:
+        try:
+            return demo(stack)
+        except KeyboardInterrupt:
+            print("\ninterrupted")
+            return 130
+        except Exception as exc:
+            print(f"\nERROR: {type(exc).__name__}: {exc}")
+            for log in sorted(Path(tmp).glob("*.log")):
+                print(f"--- last lines of {log.name} ---\n{stack.tail(log.stem)}")
+            return 1
+        finally:
+            print(f"stopping {len(stack.procs)} child process(es): " + ", ".join(f"pid {p.pid}" for p in stack.procs))
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

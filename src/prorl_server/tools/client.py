@@ -29,6 +29,9 @@ MAX_IDLE_SOCKETS = 4
 RECV_SIZE = 1 << 18
 
 
+CLIENT_ERRORS = frozenset({"SandboxGone", "Timeout", "ClientClosed", "ProtocolError"})  # the sandbox, not the action
+
+
 class ToolError(Exception):
     """An action that failed: `error` is the server's exception class name (or a client-side kind:
     SandboxGone, Timeout, ClientClosed, ProtocolError), `message` says what happened."""

@@ -1,0 +1,1 @@
+"""prorl-server's first-party handlers: `math`, `swe` and `code` (see each subpackage's docstring)."""
