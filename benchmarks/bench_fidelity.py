@@ -85,10 +85,12 @@ async def run_jobs(server: str, args: argparse.Namespace) -> list[dict[str, Any]
     async def one(http: httpx.AsyncClient, i: int) -> None:
         instance = {"data_source": "followup", "question": QUESTIONS[i % len(QUESTIONS)], "seed": i}
         sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "turns": args.turns}
+        body = {"job_id": f"fidelity-{i}", "instance": instance, "sampling_params": sampling}
         async with limit:
-            response = await http.post(f"{server}/process", json={"instance": instance, "sampling_params": sampling})
+            response = await http.post(f"{server}/process", json=body)
         done.append(response.json())
-        print(f"\r  {len(done)}/{args.jobs} trajectories", end="", flush=True)
+        if len(done) % 10 == 0 or len(done) == args.jobs:
+            print(f"\r  {len(done)}/{args.jobs} trajectories", end="", flush=True)
 
     async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
         await asyncio.gather(*(one(http, i) for i in range(args.jobs)))
@@ -97,20 +99,22 @@ async def run_jobs(server: str, args: argparse.Namespace) -> list[dict[str, Any]
 
 
 def check_fidelity(results: list[dict[str, Any]], sampled: list[dict[str, Any]]) -> dict[str, Any]:
-    """Part 1: every mask-1 token against the engine's record of the request that produced it."""
-    by_prompt = {tuple(r["prompt_ids"]): r for r in sampled}
+    """Part 1: every mask-1 token against the engine's record of the request that produced it (the same
+    prompt ids and seed: the handler seeds turn t of job i with i * 100 + t)."""
+    by_request = {(tuple(r["prompt_ids"]), r["seed"]): r for r in sampled}
     turns = tokens = matching = unmatched = 0
     for result in results:
         traj = result["trajectory"]
         stream = traj["prompt_ids"] + traj["response_ids"]
         offset = len(traj["prompt_ids"])
-        for turn in traj["turns"]:
+        job_index = int(result["job_id"].removeprefix("fidelity-"))
+        for index, turn in enumerate(traj["turns"]):
             turns += 1
             start = turn["prompt_len"] - offset  # where this turn's ids sit in response_ids
             returned = traj["response_ids"][start : start + len(turn["output_ids"])]
             logprobs = traj["response_logprobs"][start : start + len(turn["output_ids"])]
             assert all(m == 1 for m in traj["response_mask"][start : start + len(returned)])
-            record = by_prompt.get(tuple(stream[: turn["prompt_len"]]))
+            record = by_request.get((tuple(stream[: turn["prompt_len"]]), job_index * 100 + index))
             tokens += len(returned)
             if record is None:
                 unmatched += 1
