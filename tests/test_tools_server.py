@@ -67,7 +67,12 @@ def start_server() -> RunningServer:
         env={**os.environ, "TMPDIR": str(base)},  # the server's private files go away with `base`
     )
     ready = process.stdout.readline()
-    assert json.loads(ready)["ready"] is True, ready
+    try:
+        assert json.loads(ready)["ready"] is True, ready
+    except BaseException:  # no server left behind by a failed start
+        process.kill()
+        process.wait()
+        raise
     return RunningServer(process, socket_path, workdir)
 
 
