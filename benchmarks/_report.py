@@ -17,6 +17,11 @@ def percentile_ms(values: list[float], pct: float) -> float:
     return 1000 * ordered[rank]
 
 
+def check(metric: str, value: Any, baseline: str, target: str, passed: bool | None) -> dict[str, Any]:
+    """One row of the summary table (`passed` None: a figure without a target)."""
+    return {"metric": metric, "value": value, "baseline": baseline, "target": target, "pass": passed}
+
+
 def print_checks(rows: list[dict[str, Any]]) -> None:
     """The summary table: one row per check with metric, value, baseline, target and PASS/FAIL/-."""
     print("\nSummary")

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _report import finish, print_checks
+from _report import check, finish, print_checks
 
 from prorl_server.client import LocalStack
 
@@ -208,13 +208,13 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     fidelity, reencode = report["fidelity"], report["reencode"]
     share = fidelity["share_matching"]
     return [
-        {
-            "metric": "model tokens returned exactly as sampled (id and logprob)",
-            "value": f"{100 * share:.2f}% of {fidelity['model_tokens']}" if share is not None else None,
-            "baseline": f"re-encoding changes {reencode['trajectories_changed']}/{reencode['trajectories']} trajectories",
-            "target": "100%",
-            "pass": share == 1.0 and fidelity["turns_unmatched"] == 0,
-        }
+        check(
+            "model tokens returned exactly as sampled (id and logprob)",
+            f"{100 * share:.2f}% of {fidelity['model_tokens']}" if share is not None else None,
+            f"re-encoding changes {reencode['trajectories_changed']}/{reencode['trajectories']} trajectories",
+            "100%",
+            share == 1.0 and fidelity["turns_unmatched"] == 0,
+        )
     ]
 
 

@@ -116,7 +116,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _report import finish, percentile_ms, print_checks
+from _report import check, finish, percentile_ms, print_checks
 from fastapi import FastAPI, Response
 
 from prorl_server import AgentHandler, JobContext
@@ -727,10 +727,6 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
 # ------------------------------------------------------------------------------------------------
 
 
-def _row(metric: str, value: str, baseline: str, target: str, ok: bool | None) -> dict[str, Any]:
-    return {"metric": metric, "value": value, "baseline": baseline, "target": target, "pass": ok}
-
-
 def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the final table; `pass` is None for figures without a target."""
     rows: list[dict[str, Any]] = []
@@ -739,42 +735,42 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         p, b, lat, blat = over["prorl"], over["bare_http"], over["latency"], over["bare_latency"]
         c = p["concurrency"]
         rows += [
-            _row(
+            check(
                 f"no-op jobs/s, POST /process, c={c}",
                 f"{p['jobs_per_s']:,.0f}/s",
                 f"bare HTTP {b['jobs_per_s']:,.0f}/s",
                 f">= {TARGET_JOBS_PER_S:,.0f}/s",
                 p["jobs_per_s"] >= TARGET_JOBS_PER_S and p["errors"] == 0,
             ),
-            _row(
+            check(
                 "added latency p50, c=1",
                 f"{lat['added_p50_ms']:.2f} ms",
                 f"bare HTTP {blat['client_p50_ms']:.2f} ms",
                 f"<= {TARGET_ADDED_P50_MS:g} ms",
                 lat["added_p50_ms"] <= TARGET_ADDED_P50_MS and lat["errors"] == 0,
             ),
-            _row(
+            check(
                 "added latency p99, c=1",
                 f"{lat['added_p99_ms']:.2f} ms",
                 f"bare HTTP {blat['client_p99_ms']:.2f} ms",
                 "-",
                 None,
             ),
-            _row(
+            check(
                 f"client latency p50, c={c}",
                 f"{p['latency_p50_ms']:.1f} ms",
                 f"bare HTTP {b['latency_p50_ms']:.1f} ms",
                 "-",
                 None,
             ),
-            _row(
+            check(
                 f"client latency p99, c={c}",
                 f"{p['latency_p99_ms']:.1f} ms",
                 f"bare HTTP {b['latency_p99_ms']:.1f} ms",
                 "-",
                 None,
             ),
-            _row(
+            check(
                 "server CPU per job",
                 f"{p['server_cpu_us_per_job']:,.0f} us",
                 f"bare HTTP {b['server_cpu_us_per_job']:,.0f} us",
@@ -792,7 +788,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             ("single_pool_capped", "capped", pipe["speedup_vs_single_pool_capped"]),
         ):
             rows.append(
-                _row(
+                check(
                     f"pipeline vs single pool ({label})",
                     f"{value} = {speedup:.2f}x",
                     f"{d[key]['jobs_per_s']:.1f} jobs/s",

@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _report import finish, percentile_ms, print_checks
+from _report import check, finish, percentile_ms, print_checks
 
 from prorl_server.sandbox import Runtime, SandboxSpec, available, make_runtime, new_owner_id
 from prorl_server.sandbox.apptainer import bare_exec_seconds
@@ -268,25 +268,25 @@ def build_checks(start: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets: bubblewrap p50, and Apptainer p50 against bare `apptainer exec` in the same run."""
     bwrap = start.get("bwrap")
     checks = [
-        {
-            "metric": "bwrap start-to-ready p50 (ms)",
-            "value": bwrap["p50_ms"] if bwrap else None,
-            "baseline": "",
-            "target": f"<= {TARGET_BWRAP_P50_MS:.0f}",
-            "pass": None if bwrap is None else bwrap["p50_ms"] <= TARGET_BWRAP_P50_MS,
-        }
+        check(
+            "bwrap start-to-ready p50 (ms)",
+            bwrap["p50_ms"] if bwrap else None,
+            "",
+            f"<= {TARGET_BWRAP_P50_MS:.0f}",
+            None if bwrap is None else bwrap["p50_ms"] <= TARGET_BWRAP_P50_MS,
+        )
     ]
     apptainer, bare = start.get("apptainer"), start.get(BARE_APPTAINER)
     if apptainer and bare:
         ratio = apptainer["p50_ms"] / bare["p50_ms"]
         checks.append(
-            {
-                "metric": "apptainer start-to-ready p50 / bare exec p50",
-                "value": f"{ratio:.2f}x ({apptainer['p50_ms']:.0f} ms)",
-                "baseline": f"{BARE_APPTAINER}: {bare['p50_ms']:.0f} ms",
-                "target": f"<= {TARGET_APPTAINER_RATIO}x",
-                "pass": ratio <= TARGET_APPTAINER_RATIO,
-            }
+            check(
+                "apptainer start-to-ready p50 / bare exec p50",
+                f"{ratio:.2f}x ({apptainer['p50_ms']:.0f} ms)",
+                f"{BARE_APPTAINER}: {bare['p50_ms']:.0f} ms",
+                f"<= {TARGET_APPTAINER_RATIO}x",
+                ratio <= TARGET_APPTAINER_RATIO,
+            )
         )
     return checks
 

@@ -74,7 +74,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _report import finish, percentile_ms, print_checks
+from _report import check, finish, percentile_ms, print_checks
 
 from prorl_server.tools.client import ToolClient
 from prorl_server.tools.protocol import SOCKET_NAME
@@ -308,10 +308,6 @@ def timed_run(command: list[str], env: dict[str, str]) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
-def _row(metric: str, value: str, baseline: str, target: str, passed: bool | None) -> dict[str, Any]:
-    return {"metric": metric, "value": value, "baseline": baseline, "target": target, "pass": passed}
-
-
 def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the final table; `pass` is None for figures without a target."""
     rows: list[dict[str, Any]] = []
@@ -319,7 +315,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     if bash:
         t = bash["true"]
         rows.append(
-            _row(
+            check(
                 "bash `true` p50 (prorl)",
                 f"{t['prorl']['p50_ms']:.2f} ms",
                 f"tmux {t['tmux']['p50_ms']:.1f} ms, bash -c {t['subprocess']['p50_ms']:.1f} ms",
@@ -331,7 +327,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             speedup = report["speedup"][key]["vs_tmux"]
             has_target = key != "1mb"
             rows.append(
-                _row(
+                check(
                     f"speedup vs tmux, {COMMANDS[key].split(' |')[0] if key != '1mb' else '1 MB output'} p50",
                     f"{speedup:.1f}x",
                     f"prorl {bash[key]['prorl']['p50_ms']:.2f} ms vs tmux {bash[key]['tmux']['p50_ms']:.1f} ms",
@@ -342,12 +338,12 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     ipython = report.get("ipython")
     if ipython:
         cell = ipython["one_plus_one"]
-        rows.append(_row("ipython `1+1` p50", f"{cell['p50_ms']:.2f} ms", f"p99 {cell['p99_ms']:.2f} ms", "-", None))
+        rows.append(check("ipython `1+1` p50", f"{cell['p50_ms']:.2f} ms", f"p99 {cell['p99_ms']:.2f} ms", "-", None))
     startup = report.get("startup")
     if startup:
         s, floor, stdlib = startup["server_to_ping"], startup["python_floor"], startup["stdlib_floor"]
         rows.append(
-            _row(
+            check(
                 "server spawn -> ping p50",
                 f"{s['p50_ms']:.1f} ms",
                 f"python -c pass {floor['p50_ms']:.1f} ms, + socket/json/threading {stdlib['p50_ms']:.1f} ms",
