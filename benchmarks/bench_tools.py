@@ -25,7 +25,8 @@ IPython round trip: `1+1` through `ToolClient.ipython` (kernel already started; 
 call, is reported apart).
 Start-up: time from spawning the server to its answer to a `ping` on a fresh connection, with the client
 polling connect() every 0.5 ms, next to `python -c pass` (the interpreter's floor) and to `python -c
-"import socket, json, threading"` (the floor of any standard-library JSON socket server). All run with
+"import socket, json, threading"` (the floor of a standard-library JSON socket server; the execution
+server starts on C modules only and must beat it: tools/wire.py). All run with
 PYTHONPYCACHEPREFIX set to a directory warmed first, so compiled bytecode is present, as in a deployment
 that precompiles the package (`python -m compileall`); without .pyc files each start also compiles
 prorl_server's modules.
@@ -81,7 +82,6 @@ from prorl_server.tools.protocol import SOCKET_NAME
 
 TARGET_TRUE_P50_MS = 2.0
 TARGET_SPEEDUP_VS_TMUX = 20.0
-TARGET_STARTUP_MS = 30.0
 ONE_MB = 1_000_000
 COMMANDS = {"true": "true", "echo": "echo hello", "1mb": f"yes hello | head -c {ONE_MB}"}
 EXPECTED_OUTPUT = {"true": 0, "echo": len("hello\n"), "1mb": ONE_MB}  # characters of output
@@ -347,8 +347,8 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "server spawn -> ping p50",
                 f"{s['p50_ms']:.1f} ms",
                 f"python -c pass {floor['p50_ms']:.1f} ms, + socket/json/threading {stdlib['p50_ms']:.1f} ms",
-                f"<= {TARGET_STARTUP_MS:g} ms",
-                s["p50_ms"] <= TARGET_STARTUP_MS,
+                "< python + socket/json/threading",  # the server's start-up beats importing what it avoids
+                s["p50_ms"] < stdlib["p50_ms"],
             )
         )
     return rows
