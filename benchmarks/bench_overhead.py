@@ -116,7 +116,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _report import check, finish, percentile_ms, print_checks
+from _report import check, finish, percentile_ms, positive_int, print_checks
 from fastapi import FastAPI, Response
 
 from prorl_server import AgentHandler, JobContext
@@ -868,12 +868,6 @@ def print_report(report: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
 
-    def positive(text: str) -> int:
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-        return value
-
     def ms_range(text: str) -> tuple[float, float]:
         lo, _, hi = text.partition(",")
         return float(lo), float(hi or lo)
@@ -882,16 +876,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
-    parser.add_argument("--jobs", type=positive, default=5000, help="part 1: no-op jobs for the throughput run")
-    parser.add_argument("--concurrency", type=positive, default=64, help="part 1: requests in flight")
-    parser.add_argument("--latency-jobs", type=positive, default=500, help="part 1: jobs sent one at a time")
+    parser.add_argument("--jobs", type=positive_int, default=5000, help="part 1: no-op jobs for the throughput run")
+    parser.add_argument("--concurrency", type=positive_int, default=64, help="part 1: requests in flight")
+    parser.add_argument("--latency-jobs", type=positive_int, default=500, help="part 1: jobs sent one at a time")
     parser.add_argument("--warmup", type=int, default=300, help="part 1: unmeasured requests first")
-    parser.add_argument("--pipeline-jobs", type=positive, default=600, help="part 2: jobs per design")
+    parser.add_argument("--pipeline-jobs", type=positive_int, default=600, help="part 2: jobs per design")
     parser.add_argument("--pipeline-warmup", type=int, default=16, help="part 2: unmeasured jobs first")
-    parser.add_argument("--pipeline-concurrency", type=positive, default=128, help="part 2: requests in flight")
-    parser.add_argument("--init-workers", type=positive, default=4, help="part 2: I, also the sandbox-start slots")
-    parser.add_argument("--run-workers", type=positive, default=8, help="part 2: R")
-    parser.add_argument("--eval-workers", type=positive, default=4, help="part 2: E, also the scoring CPU slots")
+    parser.add_argument("--pipeline-concurrency", type=positive_int, default=128, help="part 2: requests in flight")
+    parser.add_argument("--init-workers", type=positive_int, default=4, help="part 2: I, also the sandbox-start slots")
+    parser.add_argument("--run-workers", type=positive_int, default=8, help="part 2: R")
+    parser.add_argument("--eval-workers", type=positive_int, default=4, help="part 2: E, also the scoring CPU slots")
     parser.add_argument("--init-ms", type=ms_range, default=(20.0, 60.0), help="part 2: INIT uniform range LO,HI")
     parser.add_argument("--eval-ms", type=ms_range, default=(1.0, 80.0), help="part 2: EVAL clip range LO,HI")
     parser.add_argument("--llm-delay-ms", type=float, default=15.0, help="part 2: time per LLM completion")

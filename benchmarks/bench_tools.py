@@ -75,7 +75,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _report import check, finish, percentile_ms, print_checks
+from _report import check, finish, percentile_ms, positive_int, print_checks
 
 from prorl_server.tools.client import ToolClient
 from prorl_server.tools.protocol import SOCKET_NAME
@@ -410,17 +410,11 @@ def children_alive() -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
 
-    def positive(text: str) -> int:
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-        return value
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reps", type=positive, default=200, help="repetitions of `true`, `echo`, `1+1`")
-    parser.add_argument("--reps-1mb", type=positive, default=10, help="repetitions of the 1 MB command")
+    parser.add_argument("--reps", type=positive_int, default=200, help="repetitions of `true`, `echo`, `1+1`")
+    parser.add_argument("--reps-1mb", type=positive_int, default=10, help="repetitions of the 1 MB command")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions before each series")
-    parser.add_argument("--starts", type=positive, default=20, help="server start-ups timed")
+    parser.add_argument("--starts", type=positive_int, default=20, help="server start-ups timed")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     return parser.parse_args(argv)
 

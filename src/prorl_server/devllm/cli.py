@@ -36,18 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> DevLLMSettings:
-    """Parsed flags -> settings."""
-    return DevLLMSettings(
-        host=args.host,
-        port=args.port,
-        model=args.model,
-        model_name=args.model_name,
-        slots=args.slots,
-        n_ctx=args.n_ctx,
-        n_threads=args.n_threads,
-        debug_sampled=args.debug_sampled,
-        log_level=args.log_level,
-    )
+    """Parsed flags -> settings (each flag is named after its setting)."""
+    return DevLLMSettings(**{name: getattr(args, name) for name in DevLLMSettings.model_fields})
 
 
 def serve(settings: DevLLMSettings) -> None:
