@@ -146,13 +146,7 @@ def part_breakdown(owner: str, runs: int) -> dict[str, float]:
     from prorl_server.sandbox.process_sandbox import host_python_path
 
     runtime = BwrapRuntime(owner, prewarm=0)
-    sock = Path(f"/tmp/prorl-bench-{os.getpid()}")
-    sock.mkdir(exist_ok=True)
-    try:
-        options = runtime.bwrap_args(SandboxSpec(), sock)
-        bwrap = median_ms([runtime._bwrap, *options, "--", "true"], runs)
-    finally:
-        sock.rmdir()
+    bwrap = median_ms([runtime._bwrap, *runtime.bwrap_args(SandboxSpec()), "--", "true"], runs)
     python = [sys.executable, "-I", "-S", "-c"]
     bare = median_ms([*python, "pass"], runs)
     imports = f"import sys; sys.path[:0] = {host_python_path()!r}; import prorl_server.tools.__main__"

@@ -9,7 +9,8 @@ reason a root server refuses `fakeroot` (apptainer maps a root caller's fake roo
 
 The container's root is writable through an overlay: a sparse ext3 image of `limits.disk_mb` (made with
 mkfs.ext3) or, with `disk_mb=None`, a host directory. The working directory (also $HOME), /tmp and
-/var/tmp live in it. The private socket directory appears at /run/prorl; with `host_tools` a copy of this
+/var/tmp live in it. The execution server serves a listening socket the host made and passed down as a
+descriptor (no host directory is bound for it); with `host_tools` a copy of this
 host's execution-server packages appears read-only at /.prorl and comes first on the server's sys.path,
 so plain images (python3 only) work and the server always speaks this host's protocol. A .sif image is
 unpacked once into a directory under the cache directory and run from there (`unpack_sif`): a fresh
@@ -36,15 +37,15 @@ import time
 from pathlib import Path
 
 from prorl_server.sandbox.base import Sandbox, SandboxError
+from prorl_server.sandbox.confinement import boot_source, seccomp_program
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
-from prorl_server.sandbox.process import sandbox_env
-from prorl_server.sandbox.process_sandbox import TOOL_PACKAGES, ProcessRuntime, package_dir
+from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
+from prorl_server.sandbox.process import sandbox_env, sandbox_user
+from prorl_server.sandbox.process_sandbox import TOOL_PACKAGES, Command, ProcessRuntime, Slot, package_dir, server_args
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import SOCKET_NAME
 
 ENV_BINARY = "PRORL_APPTAINER"  # path of the apptainer binary; else `apptainer`, then `singularity` on PATH
-SOCKET_DIR = "/run/prorl"
 LIB_DIR = "/.prorl"
 NOT_FOUND = (
     "apptainer not found: install Apptainer (as root on Debian bookworm: `bash scripts/setup-apptainer.sh`) "
@@ -52,7 +53,7 @@ NOT_FOUND = (
 )
 SBIN = ("/usr/sbin", "/sbin")
 PYTHONS = ("usr/bin/python3", "usr/local/bin/python3", "bin/python3")  # where a directory image has python3
-CACHE_DIR = Path(f"/var/tmp/prorl-server-{os.getuid()}")  # unpacked and built images; apptainer must see it
+CACHE_DIR = user_dir("/var/tmp/prorl-server")  # unpacked and built images (private); apptainer must see it
 
 
 def find_apptainer() -> str | None:
@@ -92,7 +93,7 @@ def unpack_sif(image: Path, cache_dir: Path, binary: str) -> Path:
     """A directory with the contents of a .sif image, made once per image path, size and mtime."""
     info = image.stat()
     name = hashlib.sha256(f"{image.resolve()}:{info.st_size}:{info.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir / "unpacked" / name
+    target = ensure_private_dir(cache_dir) / "unpacked" / name
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +135,7 @@ class ApptainerRuntime(ProcessRuntime):
     `binary`: the apptainer (or singularity) executable (default: `find_apptainer()`). `host_tools`: bind
     this host's execution server into the container (False: the image must have it, see images/).
     `unpack_sif`: run .sif images from a directory unpacked once under `cache_dir` (see the module docstring).
-    `run_as`: the uid and gid sandboxes run as when this process is root (default: nobody).
+    `run_as`: the uid and gid sandboxes run as when this process is root (default: `process.SANDBOX_UID`).
     """
 
     name = "apptainer"
@@ -147,7 +148,7 @@ class ApptainerRuntime(ProcessRuntime):
         host_tools: bool = True,
         unpack_sif: bool = True,
         cache_dir: Path = CACHE_DIR,
-        run_as: int = 65534,
+        run_as: int | None = None,
         **options,
     ) -> None:
         super().__init__(owner, **options)
@@ -158,7 +159,7 @@ class ApptainerRuntime(ProcessRuntime):
         self.host_tools = host_tools
         self.unpack_sif = unpack_sif
         self.cache_dir = cache_dir
-        self.run_as = run_as if os.geteuid() == 0 else None
+        self.run_as = (run_as or sandbox_user()) if os.geteuid() == 0 else None
         self._mkfs = _mkfs_ext3()
         self._nproc = os.geteuid() != 0 and not any("pids" in h.controllers for h in self.cgroups)
         self._lib_lock = threading.Lock()
@@ -233,7 +234,6 @@ class ApptainerRuntime(ProcessRuntime):
             )
         args.append("--fakeroot" if spec.fakeroot else "--no-privs")
         if self.run_as is not None:
-            os.chown(directory / "sock", self.run_as, self.run_as)
             args += ["--security", f"uid:{self.run_as},gid:{self.run_as}"]
         for bind in spec.binds:
             if any(c in bind.source + bind.target for c in ":,"):
@@ -241,29 +241,33 @@ class ApptainerRuntime(ProcessRuntime):
             if not os.path.exists(bind.source):
                 raise SandboxError(f"bind source {bind.source} does not exist on the host")
             args += ["--bind", f"{bind.source}:{bind.target}:{'ro' if bind.read_only else 'rw'}"]
-        args += ["--bind", f"{directory / 'sock'}:{SOCKET_DIR}"]
         if self.host_tools:
             args += ["--bind", f"{self._lib()}:{LIB_DIR}:ro"]
         return [*args, str(image)]
 
-    def environment(self, spec: SandboxSpec, sandbox_id: str, address: str | None) -> dict[str, str]:
-        """apptainer's own environment: tagged, with the container's variables as APPTAINERENV_*."""
-        server = ["--socket", f"{SOCKET_DIR}/{SOCKET_NAME}", "--workdir", spec.workdir] if spec.tools else None
-        boot = boot_settings(rlimits(spec.limits, nproc=self._nproc), [LIB_DIR] if self.host_tools else [], server)
+    def environment(
+        self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None = None
+    ) -> dict[str, str]:
+        """apptainer's own environment: tagged, with the container's variables as APPTAINERENV_*; the bootstrap
+        confines itself (Landlock with `landlock_fd`, seccomp)."""
+        server = server_args(spec, slot, spec.workdir)
+        limits, path = rlimits(spec.limits, nproc=self._nproc), [LIB_DIR] if self.host_tools else []
+        boot = boot_settings(limits, path, server, pre=boot_source(landlock_fd, seccomp_program()))
         extra = {"TMPDIR": "/tmp", **({ENV_ADDRESS: address} if address else {}), **spec.env, ENV_BOOT: boot}
-        inside = sandbox_env(self.owner, sandbox_id, extra)
+        inside = sandbox_env(self.owner, slot.sandbox_id, extra)
         if "PATH" not in spec.env:
             del inside["PATH"]  # the host's PATH means nothing in the image; apptainer sets the image's default
         inside.pop("HOME", None)  # see command()
-        env = sandbox_env(self.owner, sandbox_id, {})
+        env = sandbox_env(self.owner, slot.sandbox_id, {})
         env.update({k: v for k, v in os.environ.items() if k == "HOME" or k.startswith(("APPTAINER_", "SINGULARITY_"))})
         env.update({f"APPTAINERENV_{k}": env_value(v) for k, v in inside.items()})
         return env
 
-    def command(
-        self, spec: SandboxSpec, sandbox_id: str, directory: Path, address: str | None
-    ) -> tuple[list[str], dict[str, str], Path | None]:
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
         """apptainer exec of the rlimit bootstrap that runs the execution server."""
         # HOME through env(1): apptainer refuses to set it from APPTAINERENV_HOME, and --home under --security
-        argv = [*self.apptainer_args(spec, directory), "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
-        return argv, self.environment(spec, sandbox_id, address), directory
+        args = self.apptainer_args(spec, slot.directory)
+        argv = [*args, "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
+        landlock_fd = self.landlock_fd(spec)
+        fds = () if landlock_fd is None else (landlock_fd,)
+        return Command(argv, self.environment(spec, slot, address, landlock_fd), slot.directory, pass_fds=fds)

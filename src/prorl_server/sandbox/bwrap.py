@@ -1,13 +1,20 @@
-"""The bubblewrap runtime: rootless sandboxes in new user, pid, ipc, uts (and by default net) namespaces.
+"""The bubblewrap runtime: sandboxes in new pid, ipc, uts, mount (and by default net) namespaces.
 
 The root of a sandbox is an empty tmpfs, remounted read-only once built, holding read-only binds of either
 the host's system directories (`image=None`: /usr, /etc, /opt and the /bin, /lib... links, plus the
 directories of the Python that runs the execution server) or every top-level directory of a root
 filesystem directory (`image=<dir>`, e.g. an unpacked container image, whose `python3` then runs the
 execution server from a bind of the prorl_server package). On top: a new /proc and /dev, size-limited
-tmpfs mounts at the working directory, /tmp and /dev/shm, the spec's binds, and the socket directory at
-/run/prorl. Host home directories, /root, /tmp, /run and /var are not there (but for the Python's
+tmpfs mounts at the working directory, /tmp and /dev/shm, and the spec's binds (the execution server's
+listening socket comes in as a descriptor, see process_sandbox.py). Host home directories, /root, /tmp, /run and /var are not there (but for the Python's
 directories). See docs/sandboxes.md.
+
+The sandbox never runs as host root. A server running as a normal user runs bwrap unprivileged: new user
+namespace, the sandbox's users map to the server's user. A server running as root runs bwrap privileged,
+without a user namespace (whose uid 0 would be host root), and the sandbox's first process, before any task
+code, gives its writable mounts to `process.SANDBOX_UID` and becomes that uid for good: the sandbox then holds
+no capability and no root identity, and cannot write the host's /proc/sys (bound read-only anyway). A root
+server refuses `fakeroot`, as the Apptainer runtime does.
 
 Start latency: `prewarm` bwrap processes per runtime wait, already inside fresh cgroups, for their
 arguments on a pipe (`bwrap --args FD`): joining a cgroup v1 costs an RCU grace period (about 12 ms here),
@@ -22,45 +29,43 @@ import logging
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from prorl_server.sandbox import seccomp
 from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.confinement import boot_source, seccomp_program
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, join_cgroups_argv, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
-from prorl_server.sandbox.process import sandbox_env, signal_group
+from prorl_server.sandbox.process import sandbox_env, sandbox_user, signal_group
 from prorl_server.sandbox.process_sandbox import (
     TOOL_PACKAGES,
+    Command,
     ProcessRuntime,
     Slot,
     host_python_path,
     package_dir,
+    server_args,
     spawn,
 )
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID, SOCKET_NAME
+from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 log = logging.getLogger(__name__)
 
-SOCKET_DIR = "/run/prorl"  # where the private socket directory appears inside
 LIB_DIR = "/.prorl"  # image mode: where the execution server's packages are bound inside
 HOST_SYSTEM = ("usr", "etc", "opt", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 NOT_FROM_IMAGE = ("proc", "dev", "sys", "tmp", "run")
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BASE_ARGS = (
-    "--die-with-parent",
-    "--unshare-user",
-    "--unshare-pid",
-    "--unshare-ipc",
-    "--unshare-uts",
-    "--unshare-cgroup-try",
-    "--disable-userns",
-    "--hostname",
-    "sandbox",
-)
+BASE_ARGS = ("--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+BASE_ARGS += ("--hostname", "sandbox")
+USERNS_ARGS = ("--unshare-user", "--disable-userns")  # run unprivileged: its own user namespace, no nested ones
+# Run privileged (by root): what the first process needs to hand the sandbox to SANDBOX_UID; gone after that
+SWITCH_CAPS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN")
+# bwrap covers /proc/sys read-only only where it finds the directory writable; its files may be anyway
+PROC_ARGS = ("--dev", "/dev", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys")
 
 
 def _root_entries(root: Path, names: tuple[str, ...] | None, skip: tuple[str, ...]) -> list[str]:
@@ -77,24 +82,6 @@ def _root_entries(root: Path, names: tuple[str, ...] | None, skip: tuple[str, ..
     return args
 
 
-def _host_masks() -> list[str]:
-    """For a root server: hide what only root may read under /etc (shadow files, private keys)."""
-    if os.geteuid() != 0:
-        return []
-    args: list[str] = []
-    for top, dirs, files in os.walk("/etc"):
-        for name in list(dirs):
-            mode = os.lstat(os.path.join(top, name)).st_mode
-            if stat.S_ISDIR(mode) and not mode & stat.S_IROTH:
-                args += ["--tmpfs", os.path.join(top, name)]
-                dirs.remove(name)
-        for name in files:
-            mode = os.lstat(os.path.join(top, name)).st_mode
-            if stat.S_ISREG(mode) and not mode & stat.S_IROTH:
-                args += ["--ro-bind", "/dev/null", os.path.join(top, name)]
-    return args
-
-
 def _python_dirs() -> list[str]:
     """Directories the host's Python and the tool packages live in, outside the host system directories."""
     candidates = [Path(sys.base_prefix), Path(sys.prefix), *(package_dir(p).parent for p in TOOL_PACKAGES)]
@@ -105,6 +92,44 @@ def _python_dirs() -> list[str]:
     return [str(p) for p in kept[len(HOST_SYSTEM) :]]
 
 
+class _MountPoints:
+    """Mount points of one sandbox, and the directories leading to them.
+
+    A privileged (root) bwrap makes missing directories on the way to a mount point with mode 0700, which the
+    sandbox's unprivileged user could not pass: with `enabled`, those are made first with mode 0755.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._mounted: set[str] = {"/"}
+        self._made: set[str] = set()
+
+    def mount(self, option: str, *operands: str) -> list[str]:
+        """`option` with its operands, the last being the mount point, preceded by its missing parents."""
+        target = operands[-1]
+        args: list[str] = []
+        if self.enabled:
+            for parent in reversed(PurePosixPath(target).parents):
+                name = str(parent)
+                if name in self._mounted and name != "/":
+                    break  # inside another mount: there already, or not ours to make
+                if name not in self._made and name != "/":
+                    args += ["--perms", "0755", "--dir", name]
+                    self._made.add(name)
+        self._mounted.add(target)
+        return [*args, option, *operands]
+
+    def mark(self, *targets: str) -> None:
+        """Record mount points made by options that did not go through `mount`."""
+        self._mounted.update(targets)
+
+
+def _seccomp_fd() -> int | None:
+    """A memfd with the seccomp program for one bwrap (`--seccomp` reads it to the end), None without one."""
+    program = seccomp_program()
+    return None if program is None else seccomp.program_fd(program)
+
+
 @dataclass
 class _Launcher:
     """A bwrap already in its sandbox's cgroups, waiting for its arguments on a pipe."""
@@ -112,6 +137,7 @@ class _Launcher:
     slot: Slot
     popen: subprocess.Popen[bytes]
     args_fd: int
+    seccomp_fd: int | None  # its number in the launcher, which holds the program (the host closed its copy)
 
     def discard(self) -> None:
         """End of file on the pipe makes bwrap exit; kill it anyway, then remove the slot."""
@@ -136,12 +162,13 @@ class BwrapRuntime(ProcessRuntime):
     def __init__(self, owner: str, *, prewarm: int = 2, **options) -> None:
         super().__init__(owner, **options)
         self.prewarm = prewarm
+        self.user = sandbox_user()  # None: bwrap runs unprivileged, as this server's user
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        self._host_root = [*_root_entries(Path("/"), HOST_SYSTEM, ()), *_host_masks()]
+        self._host_root = _root_entries(Path("/"), HOST_SYSTEM, ())
         # bound after the private /tmp and workdir mounts, which would hide a Python living under them
-        self._python_binds = [arg for d in _python_dirs() for arg in ("--ro-bind", d, d)]
-        # RLIMIT_NPROC counts per user namespace for a non-root user; a pids cgroup is better when there is one
-        self._nproc = os.geteuid() != 0 and not any("pids" in h.controllers for h in self.cgroups)
+        self._python_dirs = _python_dirs()
+        # RLIMIT_NPROC counts per user namespace (per uid without one); a pids cgroup is better when there is one
+        self._nproc = self.user is None and not any("pids" in h.controllers for h in self.cgroups)
         self._pool: dict[str, list[_Launcher]] = {}  # interpreter -> waiting launchers
 
     @classmethod
@@ -150,8 +177,10 @@ class BwrapRuntime(ProcessRuntime):
         binary = shutil.which("bwrap")
         if binary is None:
             return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-        probe = [binary, *BASE_ARGS, "--unshare-net", "--cap-drop", "ALL", *_root_entries(Path("/"), HOST_SYSTEM, ())]
-        probe += ["--size", "1048576", "--tmpfs", "/tmp", "--remount-ro", "/", "true"]
+        mode = USERNS_ARGS if sandbox_user() is None else ()
+        probe = [binary, *BASE_ARGS, *mode, "--unshare-net", "--cap-drop", "ALL", *PROC_ARGS]
+        probe += [*_root_entries(Path("/"), HOST_SYSTEM, ()), "--size", "1048576", "--tmpfs", "/tmp"]
+        probe += ["--remount-ro", "/", "true"]
         try:
             done = subprocess.run(probe, capture_output=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -163,79 +192,120 @@ class BwrapRuntime(ProcessRuntime):
             )
         return None
 
-    def bwrap_args(self, spec: SandboxSpec, socket_dir: Path) -> list[str]:
-        """bubblewrap's options for a spec (no program name, no command)."""
+    def bwrap_args(self, spec: SandboxSpec, seccomp_fd: int | None = None) -> list[str]:
+        """bubblewrap's options for a spec (no program name, no command); the seccomp program is read from
+        `seccomp_fd` (in bwrap's process)."""
         args = [*BASE_ARGS]
         if spec.network == "none":
             args.append("--unshare-net")
-        # uid 0 inside keeps every capability of the new user namespace unless dropped
-        args += ["--uid", "0", "--gid", "0"] if spec.fakeroot else ["--cap-drop", "ALL"]
+        if self.user is not None:
+            if spec.fakeroot:
+                raise SandboxError(
+                    "bubblewrap cannot give a server running as root a safe fakeroot sandbox (its root would be "
+                    "the host's root); run the server as a normal user for fakeroot"
+                )
+            args += SWITCH_CAPS
+        else:  # uid 0 inside keeps every capability of the new user namespace unless dropped
+            args += [*USERNS_ARGS, *(("--uid", "0", "--gid", "0") if spec.fakeroot else ("--cap-drop", "ALL"))]
+        points = _MountPoints(enabled=self.user is not None)
         if spec.image is None:
             args += self._host_root
+            points.mark(*(f"/{name}" for name in HOST_SYSTEM))
         else:
             root = Path(spec.image)
             if not root.is_dir():
                 raise SandboxError(f"bubblewrap needs a root directory as image, got {spec.image!r} (unpack it first)")
             args += _root_entries(root, None, NOT_FROM_IMAGE)
-            args += [a for p in TOOL_PACKAGES for a in ("--ro-bind", str(package_dir(p)), f"{LIB_DIR}/{p}")]
-        args += ["--dev", "/dev", "--proc", "/proc"]
-        writable = ["/tmp", "/dev/shm", spec.workdir]
-        if spec.image is not None and os.path.isdir(os.path.join(spec.image, "var", "tmp")):
-            writable.append("/var/tmp")
-        else:
+            points.mark(*(f"/{name}" for name in os.listdir(root)))
+            for package in TOOL_PACKAGES:
+                args += points.mount("--ro-bind", str(package_dir(package)), f"{LIB_DIR}/{package}")
+        args += PROC_ARGS
+        points.mark("/dev", "/proc")
+        writable = self.writable(spec)
+        if "/var/tmp" not in writable:
             args += ["--symlink", "../tmp", "/var/tmp"]
         size = [] if spec.limits.disk_mb is None else ["--size", str(spec.limits.disk_mb * MB)]
         targets = {b.target for b in spec.binds}
         for path in writable:
             if path not in targets:
-                args += [*size, "--tmpfs", path]
+                args += [*size, *points.mount("--tmpfs", path)]
         if spec.image is None:
-            args += self._python_binds
+            for directory in self._python_dirs:
+                args += points.mount("--ro-bind", directory, directory)
         for bind in spec.binds:
             if not os.path.exists(bind.source):
                 raise SandboxError(f"bind source {bind.source} does not exist on the host")
-            args += ["--ro-bind" if bind.read_only else "--bind", bind.source, bind.target]
-        args += ["--bind", str(socket_dir), SOCKET_DIR, "--remount-ro", "/dev", "--remount-ro", "/"]
+            args += points.mount("--ro-bind" if bind.read_only else "--bind", bind.source, bind.target)
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         return [*args, "--chdir", spec.workdir]
 
-    def command(
-        self, spec: SandboxSpec, sandbox_id: str, directory: Path, address: str | None
-    ) -> tuple[list[str], dict[str, str], Path | None]:
+    @staticmethod
+    def writable(spec: SandboxSpec) -> list[str]:
+        """The sandbox's own size-limited tmpfs mounts (an image's /var/tmp among them if it has one)."""
+        paths = ["/tmp", "/dev/shm", spec.workdir]
+        if spec.image is not None and os.path.isdir(os.path.join(spec.image, "var", "tmp")):
+            paths.append("/var/tmp")
+        return paths
+
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
         """The whole command without a launcher: bwrap, its options, the bootstrap."""
         python = sys.executable if spec.image is None else "python3"
-        options = self.options(spec, address, directory / "sock")
-        argv = [self._bwrap, *options, "--", python, "-I", "-S", "-c", BOOT_CODE]
-        return argv, sandbox_env(self.owner, sandbox_id, {}), None
+        command = Command([], sandbox_env(self.owner, slot.sandbox_id, {}))
+        seccomp_fd = _seccomp_fd()
+        if seccomp_fd is not None:
+            command.owned_fds.append(seccomp_fd)
+        landlock_fd = self.landlock_fd(spec)
+        command.pass_fds = tuple(fd for fd in (seccomp_fd, landlock_fd) if fd is not None)
+        try:
+            options = self.options(spec, address, slot, seccomp_fd, landlock_fd)
+        except BaseException:
+            command.close()
+            raise
+        command.argv = [self._bwrap, *options, "--", python, "-I", "-S", "-c", BOOT_CODE]
+        return command
 
-    def options(self, spec: SandboxSpec, address: str | None, socket_dir: Path) -> list[str]:
-        """bwrap's options, then the sandbox's variables, the bootstrap's settings among them."""
+    def options(
+        self, spec: SandboxSpec, address: str | None, slot: Slot, seccomp_fd: int | None, landlock_fd: int | None
+    ) -> list[str]:
+        """bwrap's options, then the sandbox's variables, the bootstrap's settings among them (with the
+        Landlock ruleset `landlock_fd` to restrict itself to, if any)."""
         extra = {"HOME": spec.workdir, "TMPDIR": "/tmp", "PATH": IMAGE_PATH}
         if spec.image is None:
             extra["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', IMAGE_PATH)}"
         if address is not None:
             extra[ENV_ADDRESS] = address
         extra.update({k: v for k, v in spec.env.items() if k not in (ENV_OWNER, ENV_SANDBOX_ID)})
-        server = ["--socket", f"{SOCKET_DIR}/{SOCKET_NAME}", "--workdir", spec.workdir] if spec.tools else None
         sys_path = host_python_path() if spec.image is None else [LIB_DIR]
-        extra[ENV_BOOT] = boot_settings(rlimits(spec.limits, nproc=self._nproc), sys_path, server)
+        server = server_args(spec, slot, spec.workdir)
+        user = None if self.user is None else (self.user, self.writable(spec))
+        limits, pre = rlimits(spec.limits, nproc=self._nproc), boot_source(landlock_fd, None)
+        extra[ENV_BOOT] = boot_settings(limits, sys_path, server, user, pre)
         setenv = [a for k, v in extra.items() for a in ("--setenv", k, v)]
-        return [*self.bwrap_args(spec, socket_dir), *setenv]
+        return [*self.bwrap_args(spec, seccomp_fd), *setenv]
 
     def _prepare(self, python: str) -> _Launcher:
         """A new launcher: `bwrap --args FD -- python -I -S -c BOOT` behind the cgroup-joining wrapper."""
         slot = self.new_slot()
         read, write = os.pipe()
+        seccomp_fd = None
         try:
+            seccomp_fd = _seccomp_fd()
             argv = [self._bwrap, "--args", str(read), "--", python, "-I", "-S", "-c", BOOT_CODE]
             env = sandbox_env(self.owner, slot.sandbox_id, {})
-            popen = spawn(join_cgroups_argv(slot.cgroup.procs_files, argv), env, slot.directory, pass_fds=(read,))
+            fds = (read,) if seccomp_fd is None else (read, seccomp_fd)
+            popen = spawn(join_cgroups_argv(slot.cgroup.procs_files, argv), env, slot, pass_fds=fds)
         except BaseException:
             os.close(write)
             slot.discard()
             raise
         finally:
             os.close(read)
-        return _Launcher(slot, popen, write)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        slot.spawned()
+        return _Launcher(slot, popen, write, seccomp_fd)
 
     def _take(self, python: str) -> _Launcher:
         """A waiting launcher for this interpreter if there is a live one, else a new one."""
@@ -269,13 +339,13 @@ class BwrapRuntime(ProcessRuntime):
 
     def launch(self, spec: SandboxSpec, address: str | None) -> tuple[Slot, subprocess.Popen[bytes]]:
         """Hand a launcher its options (after writing the spec's cgroup limits), then refill the pool soon."""
-        if not self.prewarm:
+        if not self.prewarm or self.landlock_fd(spec) is not None:  # a launcher has no ruleset descriptor
             return super().launch(spec, address)
         python = sys.executable if spec.image is None else "python3"
         launcher = self._take(python)
         try:
             launcher.slot.cgroup.apply(spec.limits)
-            options = self.options(spec, address, launcher.slot.directory / "sock")
+            options = self.options(spec, address, launcher.slot, launcher.seccomp_fd, None)
             data = memoryview(b"".join(a.encode() + b"\0" for a in options))
             while data:
                 data = data[os.write(launcher.args_fd, data) :]

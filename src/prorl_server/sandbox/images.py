@@ -36,6 +36,7 @@ import jinja2.meta
 from prorl_server import __version__
 from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
 from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.private_dir import ensure_private_dir
 
 CacheMode = Literal["scratch", "versioned", "lock"]
 CACHE_MODES: tuple[CacheMode, ...] = ("scratch", "versioned", "lock")
@@ -110,6 +111,8 @@ class ImageBuilder:
     def __init__(
         self, cache_dir: Path = IMAGE_CACHE_DIR, binary: str | None = None, templates: Path = TEMPLATES
     ) -> None:
+        if cache_dir.is_relative_to(CACHE_DIR):  # the default place, under a shared /var/tmp
+            ensure_private_dir(CACHE_DIR)
         self.cache_dir = cache_dir
         self.binary = binary or find_apptainer()
         self.templates = templates

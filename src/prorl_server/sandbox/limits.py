@@ -47,14 +47,23 @@ def rlimits(limits: SandboxLimits, nproc: bool) -> dict[str, int]:
 
 ENV_BOOT = "PRORL_BOOT"  # BOOT_CODE's settings, a Python literal; removed from the environment at once
 
-# Runs with `python -I -S -c` (or `-I`) as a sandbox's first process: set the rlimits, then do what
-# `python -m prorl_server.tools ARGV` does (without the runpy import, several ms), or idle. Standard library
-# only and any Python 3: it runs with the interpreter inside the sandbox.
+# Runs with `python -I -S -c` (or `-I`) as a sandbox's first process: set the rlimits; run `pre` (Landlock and
+# seccomp, see confinement.py), closing any descriptor it was given first thing; with `user` (a sandbox
+# a root server started without a user namespace) give the writable mounts to that uid and become it, for
+# good (no capability survives the switch); then do what `python -m prorl_server.tools ARGV` does (without
+# the runpy import, several ms), or idle. Standard library only and any Python 3: it runs with the
+# interpreter inside the sandbox.
 _BOOT_BODY = """\
 for n, v in c["rlimits"]:
     k = getattr(r, n); h = r.getrlimit(k)[1]
     v = v if h == r.RLIM_INFINITY else min(v, h)
     r.setrlimit(k, (v, v))
+if c.get("pre"):
+    exec(c["pre"], {})
+if c.get("user"):
+    u, paths = c["user"]
+    for p in paths: os.chown(p, u, u)
+    os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
 if c["argv"] is None:
     import signal
     while True: signal.pause()
@@ -67,15 +76,23 @@ sys.exit(main())
 BOOT_CODE = 'import os, sys, resource as r\nc = eval(os.environ.pop("PRORL_BOOT"))\n' + _BOOT_BODY
 
 
-def boot_settings(limits: dict[str, int], sys_path: list[str], argv: list[str] | None) -> str:
+def boot_settings(
+    limits: dict[str, int],
+    sys_path: list[str],
+    argv: list[str] | None,
+    user: tuple[int, list[str]] | None = None,
+    pre: str | None = None,
+) -> str:
     """BOOT_CODE's settings: rlimits (a hard limit already lower is kept), entries put first on sys.path,
-    the execution server's arguments (None: no server, idle)."""
-    return repr({"rlimits": sorted(limits.items()), "path": sys_path, "argv": argv})
+    the execution server's arguments (None: no server, idle), the uid to become after giving it the
+    listed paths (None: stay), and source to run right after the rlimits (confinement.boot_source)."""
+    settings = {"rlimits": sorted(limits.items()), "path": sys_path, "argv": argv, "user": user, "pre": pre}
+    return repr(settings)
 
 
 def boot_code(limits: dict[str, int], sys_path: list[str], argv: list[str] | None) -> str:
     """BOOT_CODE with its settings inlined, for a runtime that passes the command whole."""
-    return f"import sys, resource as r\nc = {boot_settings(limits, sys_path, argv)}\n{_BOOT_BODY}"
+    return f"import os, sys, resource as r\nc = {boot_settings(limits, sys_path, argv)}\n{_BOOT_BODY}"
 
 
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'

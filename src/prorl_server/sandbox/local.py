@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 from prorl_server.sandbox.limits import boot_code, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.process import sandbox_env
-from prorl_server.sandbox.process_sandbox import ProcessRuntime, host_python_path
+from prorl_server.sandbox.process_sandbox import Command, ProcessRuntime, Slot, host_python_path, server_args
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import SOCKET_NAME
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +31,7 @@ class LocalRuntime(ProcessRuntime):
 
     name = "local"
     sweep_tags = True
+    confines = False
     subdirs = ("workspace", "tmp")
 
     def __init__(self, owner: str, **options) -> None:
@@ -44,15 +43,12 @@ class LocalRuntime(ProcessRuntime):
         """Always available."""
         return None
 
-    def command(
-        self, spec: SandboxSpec, sandbox_id: str, directory: Path, address: str | None
-    ) -> tuple[list[str], dict[str, str], Path | None]:
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
         """The rlimit bootstrap that runs the execution server, in the private workspace."""
-        workdir = directory / "workspace"
-        extra = {"HOME": str(workdir), "TMPDIR": str(directory / "tmp")}
+        workdir = slot.directory / "workspace"
+        extra = {"HOME": str(workdir), "TMPDIR": str(slot.directory / "tmp")}
         if address is not None:
             extra[ENV_ADDRESS] = address
-        env = sandbox_env(self.owner, sandbox_id, {**extra, **spec.env})
-        server = ["--socket", str(directory / "sock" / SOCKET_NAME), "--workdir", str(workdir)] if spec.tools else None
-        code = boot_code(rlimits(spec.limits, nproc=False), host_python_path(), server)
-        return [sys.executable, "-I", "-S", "-c", code], env, workdir
+        env = sandbox_env(self.owner, slot.sandbox_id, {**extra, **spec.env})
+        code = boot_code(rlimits(spec.limits, nproc=False), host_python_path(), server_args(spec, slot, str(workdir)))
+        return Command([sys.executable, "-I", "-S", "-c", code], env, workdir)

@@ -14,6 +14,16 @@ import signal
 
 from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
+# The host uid and gid sandboxes run as when the server runs as root (nobody): never as host root, whose
+# writes to /proc/sys (kernel.core_pattern, say) would be a way out of any sandbox.
+SANDBOX_UID = 65534
+
+
+def sandbox_user() -> int | None:
+    """The uid (and gid) sandboxes must run as on the host: SANDBOX_UID for a root server, else None (its own)."""
+    return SANDBOX_UID if os.geteuid() == 0 else None
+
+
 # Variables kept from the server's environment when a sandbox's environment is scrubbed.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
 

@@ -1,10 +1,18 @@
 """ProcessRuntime and ProcessSandbox: sandboxes whose processes descend from one host process leading its own session.
 
-Shared by the bubblewrap and local runtimes: private directories and cgroups (a `Slot`), spawning (own
-session, scrubbed and tagged environment, cgroups joined before exec), readiness (the execution server
+Shared by the bubblewrap, Apptainer and local runtimes: private directories and cgroups (a `Slot`), spawning
+(own session, scrubbed and tagged environment, cgroups joined before exec), readiness (the execution server
 answers a ping), the wall-clock watchdog, and close (SIGTERM, SIGKILL after a grace period, then whatever is
 left in the sandbox's cgroups or, with `sweep_tags`, carries its sandbox id). Close works from any thread
 and any event loop: a sandbox started on one stage's loop may be closed on another's.
+
+Nothing of the host is writable from inside a sandbox (but for the handler's own read-write binds):
+- the execution server's listening socket is made here, in the sandbox's private host directory, and its
+  file descriptor is passed into the sandbox (`--listen-fd`); the sandbox sees no socket file and no host
+  directory, so it can neither replace the socket nor write past its disk limit through a socket directory;
+- the top process's output goes to a pipe (`StartLog`), not a file: the host reads it while the sandbox
+  starts (to quote it if the start fails) and not afterwards, so a process inside that writes to it (through
+  /proc/1/fd/2, say) only fills a 64 KiB pipe and then blocks itself.
 """
 
 from __future__ import annotations
@@ -16,12 +24,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import uuid
 from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +39,8 @@ from prorl_server.sandbox.base import Runtime, Sandbox, SandboxError
 from prorl_server.sandbox.cgroups import SandboxCgroup
 from prorl_server.sandbox.limits import Watchdog, join_cgroups_argv
 from prorl_server.sandbox.loopback import LoopbackAllocator
+from prorl_server.sandbox.network_guard import NetworkGuard
+from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.process import signal_group
 from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, kill_tagged
 from prorl_server.sandbox.spec import SandboxSpec
@@ -40,8 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOG_NAME = "sandbox.log"  # the top process's stdout and stderr, in the sandbox's private directory
-LOG_TAIL = 2000  # characters of it quoted when a start fails
+LOG_TAIL = 2000  # characters of the top process's output quoted when a start fails
+LOG_READ_MAX = 1 << 20  # bytes read from that output per look, at most (a flood cannot hold the host)
 POLL_S = 0.001  # readiness poll interval per sandbox being started (so polling stays ~1000/s per runtime)
 TOOL_PACKAGES = ("prorl_server", "ptyprocess")  # what `python -m prorl_server.tools` imports
 
@@ -57,61 +68,158 @@ def host_python_path() -> list[str]:
     return list(dict.fromkeys(str(package_dir(p).parent) for p in TOOL_PACKAGES))
 
 
+class StartLog:
+    """A pipe for a sandbox's top process's stdout and stderr, of which the host keeps the last LOG_TAIL bytes.
+
+    `drain()` reads what is there without blocking (at most LOG_READ_MAX bytes a call). The host drains
+    only while the sandbox starts; afterwards writers inside fill the pipe and block, costing the host nothing.
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+
+    def writer_spawned(self) -> None:
+        """The child has its copy of the write end: close ours, so the pipe ends when the sandbox does."""
+        with self._lock:
+            if self.write_fd >= 0:
+                os.close(self.write_fd)
+                self.write_fd = -1
+
+    def drain(self) -> None:
+        """Read what the sandbox wrote so far (bounded), keeping the tail."""
+        with self._lock:
+            read = 0
+            while self.read_fd >= 0 and read < LOG_READ_MAX:
+                try:
+                    chunk = os.read(self.read_fd, 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    return
+                if not chunk:
+                    return
+                read += len(chunk)
+                self._tail += chunk
+                del self._tail[: max(0, len(self._tail) - 4 * LOG_TAIL)]
+
+    def text(self) -> str:
+        """The end of what was read, as text (empty if nothing)."""
+        self.drain()
+        return self._tail.decode(errors="replace")[-LOG_TAIL:].strip()
+
+    def close(self) -> None:
+        """Close both ends (idempotent): a writer blocked on a full pipe gets EPIPE."""
+        with self._lock:
+            for fd in (self.read_fd, self.write_fd):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.read_fd = self.write_fd = -1
+
+
 @dataclass
 class Slot:
-    """A sandbox's host-side resources: its id, private directory (with `sock/`) and cgroups."""
+    """A sandbox's host-side resources: id, private directory, cgroups, listening socket and output pipe.
+
+    `listener` is the host's copy of the execution server's listening socket (bound at `socket_path`): it is
+    passed into the sandbox's top process and closed here once that process has it (`spawned()`), so that
+    connections are refused as soon as the sandbox is gone.
+    """
 
     sandbox_id: str
     directory: Path
     cgroup: SandboxCgroup
+    listener: socket.socket
+    log: StartLog
+    listen_fd: int = -1  # the listening socket's descriptor number, the same in the sandbox's top process
+
+    def __post_init__(self) -> None:
+        self.listen_fd = self.listener.fileno()
+
+    @property
+    def socket_path(self) -> Path:
+        """Where the host connects to the execution server."""
+        return self.directory / SOCKET_NAME
+
+    def spawned(self) -> None:
+        """The top process holds the listening socket and the pipe's write end: drop the host's copies."""
+        self.listener.close()
+        self.log.writer_spawned()
 
     def discard(self) -> None:
-        """Remove the cgroups (emptied) and the private directory."""
+        """Remove the cgroups (emptied), close the socket and pipe, remove the private directory."""
         self.cgroup.kill()
         self.cgroup.remove()
+        self.listener.close()
+        self.log.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def new_slot(base_dir: Path, owner: str, hierarchies: list[cgroups.Hierarchy], subdirs: tuple[str, ...]) -> Slot:
-    """A fresh id, `<base>/<owner>/<id>/` (mode 0700) with `sock/` and `subdirs`, and unlimited cgroups."""
+    """A fresh id, `<base>/<owner>/<id>/` (mode 0700) with `subdirs`, a listening socket, unlimited cgroups."""
     sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
-    if not base_dir.exists():
-        base_dir.mkdir(parents=True, exist_ok=True)
-        base_dir.chmod(0o1777)  # shared by the servers of all users on the node, like /tmp
+    ensure_private_dir(base_dir)
     (base_dir / owner).mkdir(mode=0o700, exist_ok=True)
     directory = base_dir / owner / sandbox_id
     directory.mkdir(mode=0o700)
-    for name in ("sock", *subdirs):
+    for name in subdirs:
         (directory / name).mkdir()
-    return Slot(sandbox_id, directory, cgroups.create(hierarchies, owner, sandbox_id))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(directory / SOCKET_NAME))
+        listener.listen(128)
+        cgroup = cgroups.create(hierarchies, owner, sandbox_id)
+    except BaseException:
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return Slot(sandbox_id, directory, cgroup, listener, StartLog())
+
+
+@dataclass
+class Command:
+    """How to start a sandbox's top process.
+
+    `pass_fds`: descriptors it inherits besides the listening socket; `owned_fds`: those opened for this
+    start alone, closed once the process has them (or the start failed).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | str = "/"
+    pass_fds: tuple[int, ...] = ()
+    owned_fds: list[int] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Close the descriptors opened for this start (idempotent)."""
+        while self.owned_fds:
+            with contextlib.suppress(OSError):
+                os.close(self.owned_fds.pop())
+
+
+def server_args(spec: SandboxSpec, slot: Slot, workdir: str) -> list[str] | None:
+    """The execution server's arguments inside a sandbox (None: the spec wants no server)."""
+    return ["--listen-fd", str(slot.listen_fd), "--workdir", workdir] if spec.tools else None
 
 
 def spawn(
-    argv: list[str], env: dict[str, str], directory: Path, cwd: Path | None = None, pass_fds: tuple[int, ...] = ()
+    argv: list[str], env: dict[str, str], slot: Slot, cwd: Path | str = "/", pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` as the leader of a new session; stdout and stderr go to the private log file."""
-    with open(directory / LOG_NAME, "wb") as out:
-        try:
-            return subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=cwd or directory,
-                start_new_session=True,
-                pass_fds=pass_fds,
-            )
-        except OSError as exc:
-            raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
-
-
-def log_tail(directory: Path) -> str:
-    """The end of the sandbox's log file (empty if none)."""
+    """Start `argv` as the leader of a new session with the slot's listening socket; output to its pipe."""
     try:
-        return (directory / LOG_NAME).read_text(errors="replace")[-LOG_TAIL:].strip()
-    except OSError:
-        return ""
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=slot.log.write_fd,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=(slot.listen_fd, *pass_fds),
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
 
 
 def group_members(pgid: int) -> set[int]:
@@ -132,27 +240,44 @@ def group_members(pgid: int) -> set[int]:
 async def wait_ready(
     sandbox: ProcessSandbox, popen: subprocess.Popen[bytes], timeout_s: float, interval: Callable[[], float]
 ) -> None:
-    """Return once the execution server answers a ping; raise SandboxError if the process ends or time runs out."""
+    """Return once the execution server answers a ping; raise SandboxError if the process ends or time runs out.
+
+    The listening socket exists before the server does, so a ping waits in its backlog until the server
+    accepts; the process and the deadline are checked meanwhile.
+    """
     from prorl_server.tools.client import ToolError
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while True:
-        if popen.poll() is not None:
-            raise SandboxError(
-                f"the sandbox exited with status {popen.returncode} before its execution server was ready; "
-                f"its output:\n{log_tail(sandbox.slot.directory) or '(none)'}"
-            )
-        if sandbox.socket_path.exists():
-            with contextlib.suppress(ToolError):
-                await sandbox.tools.ping()
-                return
-        if loop.time() > deadline:
-            raise SandboxError(
-                f"the execution server did not answer within {timeout_s:.0f} s; its output:\n"
-                f"{log_tail(sandbox.slot.directory) or '(none)'}"
-            )
-        await asyncio.sleep(interval())
+    ping: asyncio.Future[int] | None = None
+    try:
+        while True:
+            if ping is None:
+                ping = asyncio.ensure_future(sandbox.tools.ping())
+            await asyncio.wait({ping}, timeout=interval())
+            if ping.done():
+                failure = None if ping.cancelled() else ping.exception()
+                if not ping.cancelled() and failure is None:
+                    return
+                if failure is not None and not isinstance(failure, ToolError):
+                    raise failure  # not the sandbox's doing
+                ping = None
+            sandbox.slot.log.drain()
+            if popen.poll() is not None:
+                raise SandboxError(
+                    f"the sandbox exited with status {popen.returncode} before its execution server was ready; "
+                    f"its output:\n{sandbox.slot.log.text() or '(none)'}"
+                )
+            if loop.time() > deadline:
+                raise SandboxError(
+                    f"the execution server did not answer within {timeout_s:.0f} s; its output:\n"
+                    f"{sandbox.slot.log.text() or '(none)'}"
+                )
+    finally:
+        if ping is not None and not ping.done():
+            ping.cancel()
+            with contextlib.suppress(BaseException):
+                await ping
 
 
 class ProcessSandbox(Sandbox):
@@ -181,7 +306,7 @@ class ProcessSandbox(Sandbox):
         self.pid = popen.pid
         self.address = address
         self.slot = slot
-        self.socket_path = slot.directory / "sock" / SOCKET_NAME
+        self.socket_path = slot.socket_path
         self.expired = False  # True once the wall-clock limit killed it
         self._popen = popen
         self._monitor = monitor
@@ -240,6 +365,7 @@ class ProcessSandbox(Sandbox):
                 self._watchdog.cancel(self._deadline)
             if self._tools is not None:
                 await self._tools.aclose()
+            self.slot.log.close()  # a writer blocked on the full pipe must not delay its exit
             await self._terminate()
             await asyncio.to_thread(self._cleanup)
         finally:
@@ -275,7 +401,8 @@ class ProcessRuntime(Runtime):
 
     monitor = False  # see ProcessSandbox
     sweep_tags = False
-    subdirs: tuple[str, ...] = ()  # made in the private directory next to sock/
+    confines = True  # Landlock and seccomp (confinement.py); the local runtime does not
+    subdirs: tuple[str, ...] = ()  # made in the private directory
 
     def __init__(
         self,
@@ -285,6 +412,7 @@ class ProcessRuntime(Runtime):
         loopback: LoopbackAllocator | None = None,
         ready_timeout_s: float = 30.0,
         grace_s: float = 2.0,
+        network_guard: NetworkGuard | None = None,
     ) -> None:
         self.owner = owner
         self.base_dir = base_dir
@@ -293,32 +421,47 @@ class ProcessRuntime(Runtime):
         self.grace_s = grace_s
         self.watchdog = Watchdog()
         self.cgroups = cgroups.detect()
+        self.network_guard = network_guard  # the ports sandboxes sharing the host network may not connect to
         self._starting = 0
         self._lock = threading.Lock()
+
+    def landlock_fd(self, spec: SandboxSpec) -> int | None:
+        """The Landlock ruleset `spec`'s sandbox restricts itself to (the guard's; None: none)."""
+        if not self.confines or self.network_guard is None:
+            return None
+        return self.network_guard.ruleset_fd(spec)
 
     def new_slot(self) -> Slot:
         """Host-side resources for one more sandbox of this runtime."""
         return new_slot(self.base_dir, self.owner, self.cgroups, self.subdirs)
 
     @abstractmethod
-    def command(
-        self, spec: SandboxSpec, sandbox_id: str, directory: Path, address: str | None
-    ) -> tuple[list[str], dict[str, str], Path | None]:
-        """argv, environment and working directory of a sandbox's top process (`directory`: its private one)."""
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
+        """How to start a sandbox's top process, given its slot (id, private directory, listening socket)."""
 
     def launch(self, spec: SandboxSpec, address: str | None) -> tuple[Slot, subprocess.Popen[bytes]]:
         """Start a sandbox's top process in fresh cgroups with the spec's limits (cleaned up if that fails)."""
         slot = self.new_slot()
+        command: Command | None = None
         try:
             slot.cgroup.apply(spec.limits)
-            argv, env, cwd = self.command(spec, slot.sandbox_id, slot.directory, address)
-            return slot, spawn(join_cgroups_argv(slot.cgroup.procs_files, argv), env, slot.directory, cwd)
+            command = self.command(spec, slot, address)
+            argv = join_cgroups_argv(slot.cgroup.procs_files, command.argv)
+            popen = spawn(argv, command.env, slot, command.cwd, command.pass_fds)
         except BaseException:
             slot.discard()
             raise
+        finally:
+            if command is not None:
+                command.close()
+        slot.spawned()
+        return slot, popen
 
     def close(self) -> None:
-        """Remove this owner's cgroup and private directories if no sandbox uses them; the runtime stays usable."""
+        """Remove this owner's cgroup and private directories if no sandbox uses them, and the network guard's
+        rulesets; the runtime stays usable."""
+        if self.network_guard is not None:
+            self.network_guard.close()
         for directory in [*(h.base / self.owner for h in self.cgroups), self.base_dir / self.owner]:
             with contextlib.suppress(OSError):
                 directory.rmdir()
@@ -329,6 +472,8 @@ class ProcessRuntime(Runtime):
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox and return once its execution server answers (at once with `tools=False`)."""
+        if spec.network != "none":  # build the guard's ruleset off the event loop (once per set of ports)
+            await asyncio.to_thread(self.landlock_fd, spec)
         address = self.loopback.allocate() if spec.network == "loopback" else None
         try:
             slot, popen = self.launch(spec, address)
@@ -347,7 +492,9 @@ class ProcessRuntime(Runtime):
             on_close=self._closed,
             grace_s=self.grace_s,
         )
-        if spec.tools:
+        if not spec.tools:  # nothing serves the socket: let connects fail at once
+            sandbox.socket_path.unlink(missing_ok=True)
+        else:
             with self._lock:
                 self._starting += 1
             try:

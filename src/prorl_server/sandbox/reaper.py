@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prorl_server.sandbox import cgroups
+from prorl_server.sandbox.private_dir import user_dir
 from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_DIR = Path("/tmp/prorl-sandboxes")  # private directories: <base>/<owner>/<sandbox id>/
+# private directories: <base>/<owner>/<sandbox id>/, in a directory of this user alone (private_dir.py)
+DEFAULT_BASE_DIR = user_dir("/tmp/prorl-sandboxes")
 _OWNER = re.compile(r"^prorl-(\d+)-(\d+)-[0-9a-f]+$")
 _TAG_KEYS = (ENV_OWNER.encode(), ENV_SANDBOX_ID.encode())
 _ENGINE_CONFIG = re.compile(rb"^ENGINE_CONFIG(\d+)$")

@@ -48,3 +48,12 @@ class SandboxSpec(BaseModel):
     fakeroot: bool = Field(default=False, description="apptainer --fakeroot; bubblewrap maps the user to uid 0.")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     tools: bool = Field(default=True, description="Start the execution server (bash, IPython, editor) inside.")
+    allow_api: bool = Field(
+        default=False,
+        description="With network host or loopback: may connect to the rollout server's own API port "
+        "(denied by default, with Landlock).",
+    )
+    allow_llm_backends: bool = Field(
+        default=False,
+        description="With network host or loopback: may connect to the LLM backends' ports (denied by default).",
+    )

@@ -88,8 +88,9 @@ def arguments(action: object, request: dict[str, object]) -> dict[str, object]:
 class ToolServer:
     """Serves one sandbox's shell, kernel, editor and files on a Unix domain socket."""
 
-    def __init__(self, socket_path: str, workdir: str) -> None:
+    def __init__(self, socket_path: str | None, workdir: str, listen_fd: int | None = None) -> None:
         self.socket_path = socket_path
+        self.listen_fd = listen_fd
         self.workdir = os.path.abspath(workdir)
         self.stopping = wire.Flag()
         self.listener: _socket.socket | None = None
@@ -102,7 +103,13 @@ class ToolServer:
         self._files: Files | None = None
 
     def listen(self) -> None:
-        """Bind and listen on a private name, then rename it into place: the socket appears ready to use."""
+        """Serve the inherited listening socket, or bind and listen on a private name, then rename it into
+        place: the socket appears ready to use."""
+        if self.listen_fd is not None:
+            os.set_inheritable(self.listen_fd, False)  # the shell and the kernel must not hold it
+            self.listener = wire.inherited_listener(self.listen_fd)
+            return
+        assert self.socket_path is not None, "ToolServer needs a socket path or a listening descriptor"
         # Short temporary name: AF_UNIX paths are limited to 107 bytes.
         temporary = os.path.join(os.path.dirname(self.socket_path), f".{os.getpid()}.sock")
         umask = os.umask(0o177)  # the socket file is created with mode 0600
@@ -123,6 +130,7 @@ class ToolServer:
         """Stop listening, kill the shell and the kernel with their children, remove private files."""
         if self.listener is not None:
             self.listener.close()
+        if self.socket_path is not None and self._socket_inode:
             try:
                 if os.stat(self.socket_path).st_ino == self._socket_inode:  # not a newer server's socket
                     os.unlink(self.socket_path)

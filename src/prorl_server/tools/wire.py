@@ -87,6 +87,11 @@ def unix_listener(path: str, backlog: int = 128) -> _socket.socket:
     return listener
 
 
+def inherited_listener(fd: int) -> _socket.socket:
+    """The listening Unix stream socket on an inherited descriptor."""
+    return _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, fd)
+
+
 def accept(listener: _socket.socket) -> _socket.socket:
     """The next connection of a listener (OSError once the listener is closed)."""
     fd, _ = listener._accept()
