@@ -241,6 +241,7 @@ class ApptainerRuntime(ProcessRuntime):
             if not os.path.exists(bind.source):
                 raise SandboxError(f"bind source {bind.source} does not exist on the host")
             args += ["--bind", f"{bind.source}:{bind.target}:{'ro' if bind.read_only else 'rw'}"]
+        args += ["--bind", "/proc/sys:/proc/sys:ro"]  # sysctls: read-only for every user, fake root included
         if self.host_tools:
             args += ["--bind", f"{self._lib()}:{LIB_DIR}:ro"]
         return [*args, str(image)]
