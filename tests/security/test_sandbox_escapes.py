@@ -16,12 +16,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from prorl_server import AgentHandler, JobContext
+from prorl_server.api import ServerState, create_app
+from prorl_server.config import ServerSettings
+from prorl_server.handlers import HandlerRegistry
+from prorl_server.sandbox import SandboxSpec
 from prorl_server.sandbox.landlock import unavailable_reason as landlock_unavailable
 from prorl_server.sandbox.network_guard import NetworkGuard
 from prorl_server.sandbox.reaper import tagged_processes
+from prorl_server.sandbox.registry import unavailable_reason
 from prorl_server.sandbox.seccomp import unavailable_reason as seccomp_unavailable
+from prorl_server.testing import UvicornThread
+from prorl_server.testing.uvicorn_thread import free_port
 
 pytest_plugins = ("sandbox_fixtures",)
 
@@ -297,3 +306,38 @@ async def test_seccomp_is_on_in_the_sandbox(isolated):
     sandbox = await isolated.start()
     out = await sandbox.bash("grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status")
     assert "Seccomp:\t2" in out.output and "NoNewPrivs:\t1" in out.output, out.output
+
+
+class NetworkProbe(AgentHandler):
+    """RUN starts a sandbox on the host network and tries the ports the instance names."""
+
+    name = "network_probe"
+
+    async def run(self, ctx: JobContext) -> None:
+        sandbox = await ctx.start_sandbox(SandboxSpec(network="host"))
+        out = await sandbox.bash(f"python3 - <<'PROBE'\n{CONNECT.format(ports=ctx.instance['ports'])}\nPROBE")
+        ctx.artifacts["probe"] = out.output
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 0.0
+
+
+@needs_landlock
+@pytest.mark.skipif(unavailable_reason("bwrap") is not None, reason=f"bwrap: {unavailable_reason('bwrap')}")
+def test_a_jobs_host_network_sandbox_cannot_reach_its_server_or_the_backends(backend):
+    """The server wires the guard itself: its own port and every registered backend's port are denied."""
+    port = free_port()
+    registry = HandlerRegistry()
+    registry.register("network_probe", NetworkProbe())
+    settings = ServerSettings(port=port, runtime="bwrap", llm_servers=[backend.address], autostart=True)
+    state = ServerState.build(settings, registry=registry)
+    server = UvicornThread(create_app(state=state), port=port).start()
+    try:
+        backend_port = backend.server.port
+        body = {"instance": {"data_source": "network_probe", "ports": [port, backend_port]}}
+        result = httpx.post(f"{server.url}/process", json=body, timeout=120, trust_env=False).json()
+    finally:
+        server.stop()
+    assert result["status"] == "completed", result
+    probe = result["artifacts"]["probe"]
+    assert f"{port} REFUSED 13" in probe and f"{backend_port} REFUSED 13" in probe, probe
