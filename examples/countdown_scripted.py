@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from prorl_server.client import LocalStack, free_port, run_with_stack
+from prorl_server.client.local_stack import auth_headers
 
 HERE = Path(__file__).resolve().parent
 HANDLER_FILE = HERE / "custom_handler" / "src" / "prorl_example_handlers" / "countdown.py"
@@ -66,7 +67,8 @@ def run_demo(stack: LocalStack) -> int:
             assert len(plan) == MAX_TURNS or plan.endswith("S"), "a plan must use every turn it is given"
             jobs[f"puzzle{p}-sample{s}"] = (p, plan)
             script += [{"text": reply_text(puzzle, move)} for move in plan]
-    with httpx.Client(timeout=30.0, trust_env=False) as http:  # loopback only: ignore proxy settings
+    # loopback only: ignore proxy settings; send $PRORL_API_KEY when set (the server inherits it)
+    with httpx.Client(timeout=30.0, trust_env=False, headers=auth_headers()) as http:
         http.post(f"{double}/script", json=script).raise_for_status()
         print(f"[3/4] queued {len(script)} scripted replies; submitting {len(jobs)} jobs (4 puzzles x 4 samples)")
         for job_id, (p, _) in jobs.items():

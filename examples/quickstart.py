@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from prorl_server.client import LocalStack, run_with_stack
+from prorl_server.client.local_stack import auth_headers
 
 TERMINAL = {"completed", "failed", "timeout", "cancelled"}
 
@@ -54,7 +55,8 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
     problems = load_problems()[: args.problems]
     jobs: dict[str, dict[str, Any]] = {}
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tool_timeout": 10}
-    with httpx.Client(timeout=60.0, trust_env=False) as http:  # loopback only: ignore proxy settings
+    # loopback only: ignore proxy settings; send $PRORL_API_KEY when set (the server inherits it)
+    with httpx.Client(timeout=60.0, trust_env=False, headers=auth_headers()) as http:
         for problem in problems:
             for sample in range(args.samples):
                 job_id = f"{problem['id']}-s{sample}"

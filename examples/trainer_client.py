@@ -17,12 +17,16 @@ Example, against a server running the example Countdown handler:
 `--instances FILE.jsonl` reads one instance (a JSON object) per line; without it a built-in sample of
 Countdown puzzles is used. Acknowledging `through` a cursor drops every stored result up to it, so this
 script assumes it is the only consumer of the server's results (other jobs' results are skipped and dropped).
+
+With `$PRORL_API_KEY` set, every request carries `Authorization: Bearer <key>` (for a server started with
+that key).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -35,6 +39,7 @@ from typing import Any
 import httpx
 
 TERMINAL = frozenset({"completed", "failed", "timeout", "cancelled"})
+API_KEY_ENV = "PRORL_API_KEY"
 
 SAMPLE_INSTANCES: list[dict[str, Any]] = [
     {"numbers": [3, 5, 4, 2], "target": 24},
@@ -51,10 +56,13 @@ class ServerError(RuntimeError):
 class RolloutClient:
     """Thin, explicit wrapper of the prorl-server HTTP API."""
 
-    def __init__(self, server: str, request_timeout_s: float = 30.0) -> None:
+    def __init__(self, server: str, request_timeout_s: float = 30.0, api_key: str | None = None) -> None:
         self.server = server.rstrip("/")
         self.request_timeout_s = request_timeout_s
-        self.http = httpx.Client(base_url=self.server, timeout=httpx.Timeout(request_timeout_s, connect=5.0))
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(
+            base_url=self.server, timeout=httpx.Timeout(request_timeout_s, connect=5.0), headers=headers
+        )
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -81,6 +89,7 @@ class RolloutClient:
             detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
         hint = {
             400: "the request or instance is invalid",
+            401: f"the server requires an API key: set ${API_KEY_ENV} to the server's key",
             404: "unknown job (never submitted, already acknowledged, or past retention)",
             409: "a job with this id is still running",
             422: "the request body does not match the schema",
@@ -297,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samples must be at least 1")
 
     instances = load_instances(args.instances, args.data_source)
-    client = RolloutClient(args.server)
+    client = RolloutClient(args.server, api_key=os.environ.get(API_KEY_ENV))
     groups: list[Group] = []
     try:
         client.health()

@@ -1,4 +1,4 @@
-"""Backend pool: placement policies, registration, health, failover to another backend, legacy token ids."""
+"""Backend pool: placement, registration, health, circuit breakers, stall timeouts, failover, response checks."""
 
 from __future__ import annotations
 
@@ -13,11 +13,23 @@ import pytest
 
 from prorl_server.llm import (
     BackendPool,
+    BackendProtocolError,
     BackendUnavailable,
+    CircuitBreaker,
+    CircuitState,
     MinHeapPolicy,
     NoBackendAvailable,
+    RetryPolicy,
     VLLMClient,
     parse_completion,
+)
+from prorl_server.llm.response_limits import completion_bytes, requested_tokens
+from prorl_server.llm.stall import (
+    PRIOR_TOKENS_PER_S,
+    STALL_FLOOR_S,
+    STALL_SAFETY_FACTOR,
+    derived_stall_timeout_s,
+    updated_speed,
 )
 from prorl_server.testing import ScriptedReply, ToyChatTokenizer
 from prorl_server.testing.uvicorn_thread import free_port
@@ -32,37 +44,42 @@ def pool_with(n: int, policy: str) -> BackendPool:
 
 def test_min_heap_counts_jobs_not_calls_and_round_robins():
     pool = pool_with(3, "min_heap")
-    chosen = [pool.acquire(f"job{i}").address for i in range(6)]
+    chosen = [pool.acquire(f"job{i}").backend.address for i in range(6)]
     assert chosen == ["http://b0/v1", "http://b1/v1", "http://b2/v1"] * 2
-    assert pool.acquire("job0").address == "http://b0/v1"  # later turns stay on the same backend
+    assert pool.acquire("job0").backend.address == "http://b0/v1"  # later turns stay on the same backend
     assert [b.assigned for b in pool.backends()] == [2, 2, 2]
     pool.release("job0")
     pool.release("job3")
-    assert pool.acquire("job6").address == "http://b0/v1"  # ProRL counts assignments, not load: still a tie
+    assert pool.acquire("job6").backend.address == "http://b0/v1"  # ProRL counts assignments, not load: a tie
     assert isinstance(pool.policy, MinHeapPolicy)
 
 
 def test_sticky_least_loaded_follows_in_flight_jobs():
     pool = pool_with(2, "sticky_least_loaded")
-    assert pool.acquire("a").address == "http://b0/v1"
-    assert pool.acquire("b").address == "http://b1/v1"
-    assert pool.acquire("c").address == "http://b0/v1"
+    assert pool.acquire("a").backend.address == "http://b0/v1"
+    assert pool.acquire("b").backend.address == "http://b1/v1"
+    assert pool.acquire("c").backend.address == "http://b0/v1"
     pool.release("a")
     pool.release("c")  # b0 is now idle, b1 still has one job
-    assert pool.acquire("d").address == "http://b0/v1"
-    assert pool.acquire("e").address == "http://b1/v1"  # equal load: fewer jobs ever assigned wins
+    assert pool.acquire("d").backend.address == "http://b0/v1"
+    assert pool.acquire("e").backend.address == "http://b1/v1"  # equal load: fewer jobs ever assigned wins
     assert [b.in_flight for b in pool.backends()] == [1, 2]
     assert [b.assigned for b in pool.backends()] == [3, 2]
 
 
-def test_unhealthy_backend_is_skipped_and_job_repinned():
-    pool = pool_with(2, "sticky_least_loaded")
+def test_backend_out_of_placement_is_skipped_and_job_repinned():
+    pool = BackendPool(VLLMClient(), failure_threshold=1)
+    for i in range(2):
+        pool.add(f"http://b{i}/v1")
     first = pool.acquire("job")
-    pool.mark_unhealthy(first, "connection refused")
+    pool.failed(first, "connection refused")  # threshold 1: its circuit opens
     second = pool.acquire("job")
-    assert second is not first and first.in_flight == 0 and second.in_flight == 1
-    pool.mark_unhealthy(second, "gone")
-    with pytest.raises(NoBackendAvailable, match="unhealthy"):
+    assert second.backend is not first.backend
+    assert first.backend.in_flight == 0 and second.backend.in_flight == 1
+    second.backend.healthy = False  # as a failed health check leaves it
+    with pytest.raises(
+        NoBackendAvailable, match=r"b0/v1 circuit open after 1 failed.*connection refused.*b1/v1 unhealthy"
+    ):
         pool.acquire("job")
 
 
@@ -177,7 +194,7 @@ def test_parse_completion_rejects_responses_without_ids_or_logprobs():
         parse_completion({"choices": [{"text": "x", "logprobs": {"tokens": ["x"], "token_logprobs": [-1]}}]})
     with pytest.raises(BackendUnavailable, match="logprobs"):
         parse_completion({"choices": [{"text": "x", "token_ids": [5]}]})
-    with pytest.raises(BackendUnavailable, match="no choices"):
+    with pytest.raises(BackendUnavailable, match="choices: Field required"):
         parse_completion({"error": "x"})
     done = parse_completion({"choices": [{"text": "x", "token_ids": [5], "logprobs": {"token_logprobs": [-0.3]}}]})
     assert done.output_ids == [5] and done.logprobs == [-0.3]
@@ -190,3 +207,104 @@ def test_backend_rejection_fails_job_with_vllm_message(server, backend):
     assert result["error"]["stage"] == "run" and result["error"]["type"] == "BackendRequestError"
     assert "scripted failure 400" in result["error"]["message"]
     assert ToyChatTokenizer().decode(result["trajectory"]["prompt_ids"]).endswith("assistant\n")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_circuit_opens_after_threshold_and_returns_only_through_a_trial():
+    clock = FakeClock()
+    breaker = CircuitBreaker(threshold=3, cooldown_s=5, max_cooldown_s=12, clock=clock)
+    assert breaker.record_failure(trial=False) is False
+    breaker.record_success(trial=False)  # a success in between resets the count
+    assert [breaker.record_failure(trial=False) for _ in range(3)] == [False, False, True]
+    assert breaker.state is CircuitState.OPEN and not breaker.admits_request()
+    assert breaker.health_passed() is False  # within the cooldown a passing check changes nothing
+    clock.now += 5
+    assert breaker.health_passed() is True and breaker.state is CircuitState.HALF_OPEN
+    assert breaker.start_request() is True and not breaker.admits_request()  # one trial at a time
+    breaker.abandon_trial()  # a cancelled trial gives no verdict
+    assert breaker.admits_request() and breaker.start_request() is True
+    assert breaker.record_failure(trial=True) is True
+    assert breaker.state is CircuitState.OPEN and breaker.cooldown_s == 10  # longer out after a failed trial
+    clock.now += 10
+    breaker.health_passed()
+    breaker.start_request()
+    breaker.record_failure(trial=True)
+    assert breaker.cooldown_s == 12  # capped
+    clock.now += 12
+    breaker.health_passed()
+    assert breaker.start_request() is True
+    breaker.record_success(trial=True)
+    assert breaker.state is CircuitState.CLOSED and breaker.consecutive_failures == 0 and breaker.cooldown_s == 5
+
+
+def test_requests_sent_before_the_circuit_opened_do_not_decide_the_trial():
+    breaker = CircuitBreaker(threshold=1, cooldown_s=0.0)
+    breaker.record_failure(trial=False)
+    breaker.health_passed()
+    assert breaker.state is CircuitState.HALF_OPEN
+    breaker.record_success(trial=False)  # an old request finishing late
+    breaker.record_failure(trial=False)
+    assert breaker.state is CircuitState.HALF_OPEN and breaker.admits_request()
+
+
+def test_stall_timeout_from_max_tokens_and_measured_speed():
+    assert derived_stall_timeout_s(16, None) == STALL_FLOOR_S  # short requests: the floor
+    assert derived_stall_timeout_s(4000, None) == STALL_SAFETY_FACTOR * 4000 / PRIOR_TOKENS_PER_S
+    speed = None
+    for _ in range(50):
+        speed = updated_speed(speed, 500, 5.0)  # 100 tokens/s
+    assert speed == pytest.approx(100, rel=1e-3)
+    assert updated_speed(speed, 2, 10.0) == speed  # too short to say anything about speed
+    assert derived_stall_timeout_s(4000, speed) == pytest.approx(STALL_SAFETY_FACTOR * 40, rel=1e-3)
+    pool = pool_with(1, "sticky_least_loaded")
+    (backend,) = pool.backends()
+    assert pool.completion_timeout(backend, None) is None  # length unknown: only the request timeout
+    pool.observe_speed(backend, 500, 5.0)
+    assert pool.completion_timeout(backend, 4000) == derived_stall_timeout_s(4000, backend.tokens_per_s)
+    configured = BackendPool(VLLMClient(), stall_timeout_s=2.0)
+    assert configured.completion_timeout(backend, 4000) == 2.0 and configured.short_call_timeout == 2.0
+
+
+def test_retry_delays_grow_and_stay_capped():
+    policy = RetryPolicy(budget_s=10, base_delay_s=0.1, max_delay_s=2.0)
+    for attempt, ceiling in [(0, 0.1), (1, 0.2), (3, 0.8), (10, 2.0), (10_000, 2.0)]:
+        assert ceiling / 2 <= policy.delay_s(attempt) <= ceiling
+
+
+def test_parse_completion_is_strict_about_ids_logprobs_and_length():
+    good = {"choices": [{"text": "x", "token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.3, 0]}}]}
+    assert parse_completion(good, max_tokens=2, vocab_size=7).output_ids == [5, 6]
+    for ids, logprobs, match in [
+        ([5.0, 6], [-0.3, -1], "valid integer"),
+        ([True, 6], [-0.3, -1], "valid integer"),
+        ([-1, 6], [-0.3, -1], "greater than or equal to 0"),
+        ([2**31, 6], [-0.3, -1], "less than 2147483648"),
+        ([5, 6], [float("nan"), -1], "finite number"),
+        ([5, 6], [0.25, -1], "less than or equal to 0"),
+        ([5, 6], [None, -1], "valid number"),
+        ([5, 6], [-0.3], "2 token ids but 1 logprobs"),
+        ([5, 6, 7], [-0.3, -1, -1], "more than max_tokens=2"),
+        ([5, 7], [-0.3, -1], "outside the vocabulary of 7"),
+    ]:
+        body = {"choices": [{"text": "x", "token_ids": ids, "logprobs": {"token_logprobs": logprobs}}]}
+        with pytest.raises(BackendProtocolError, match=match):
+            parse_completion(body, max_tokens=2, vocab_size=7)
+    legacy = {
+        "choices": [{"text": "x", "logprobs": {"tokens": ["token_id:5", "token_id:٣"], "token_logprobs": [-1, -1]}}]
+    }
+    with pytest.raises(BackendProtocolError, match="not token_id:N"):
+        parse_completion(legacy)
+
+
+def test_requested_tokens_and_response_bounds():
+    assert requested_tokens({"max_tokens": 16}, 100, 4096) == 16
+    assert requested_tokens({}, 100, 4096) == 3996  # vLLM's default: what is left of the context
+    assert requested_tokens({"max_tokens": True}, 100, None) is None
+    assert completion_bytes(16, 100) < completion_bytes(17, 100) < completion_bytes(None, 100)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from prorl_server.cli import API_KEY_ENV, reachable_beyond_loopback
 from prorl_server.testing.uvicorn_thread import free_port
 
 HERE = Path(__file__).parent
@@ -81,3 +82,60 @@ def test_serve_exits_with_a_clear_message_on_a_bad_handler():
     )
     assert done.returncode != 0
     assert "cannot import 'nosuchmod'" in done.stderr
+
+
+def start_serve(tmp_path: Path, env: dict[str, str], *options: str) -> tuple[subprocess.Popen, str, Path]:
+    """`prorl-server serve` on a free port with stderr to a file; returns the process, its URL and the log."""
+    port = free_port()
+    exe = shutil.which("prorl-server") or str(Path(sys.executable).parent / "prorl-server")
+    log = tmp_path / f"serve-{port}.log"
+    cmd = [exe, "serve", "--port", str(port), "--no-entry-points", "--runtime", "local", "--log-level", "warning"]
+    with log.open("w") as err:
+        proc = subprocess.Popen([*cmd, *options], stderr=err, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, url, log
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_serve_takes_the_api_key_from_the_environment_and_requires_it(tmp_path, backend):
+    env = {**os.environ, API_KEY_ENV: "cli-test-key"}
+    proc, url, log = start_serve(tmp_path, env, "--host", "0.0.0.0", "--llm-server", backend.address)
+    try:
+        assert httpx.get(f"{url}/status").status_code == 401
+        authed = {"authorization": "Bearer cli-test-key"}
+        assert httpx.get(f"{url}/status", headers=authed).json()["llm_servers"] == 1
+    finally:
+        stop(proc)
+    assert "NO API KEY" not in log.read_text()
+
+
+def test_serve_warns_loudly_when_reachable_without_a_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    proc, url, log = start_serve(tmp_path, env, "--host", "0.0.0.0")
+    try:
+        assert httpx.get(f"{url}/status").status_code == 200
+    finally:
+        stop(proc)
+    warning = log.read_text()
+    assert "WARNING" in warning and "NO API KEY" in warning and "0.0.0.0" in warning and API_KEY_ENV in warning
+
+
+def test_only_loopback_hosts_count_as_private():
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert not reachable_beyond_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.5", "192.168.1.2", "gpu-node-1"):
+        assert reachable_beyond_loopback(host), host

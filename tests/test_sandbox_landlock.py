@@ -7,10 +7,8 @@ bootstrap does."""
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from bwrap_probe import bwrap_reason
 
 from prorl_server.sandbox import landlock, seccomp
 
@@ -121,15 +120,6 @@ def ruleset(host: Host) -> Iterator[int]:
     cache.close()
 
 
-@functools.cache
-def bwrap_reason() -> str | None:
-    binary = shutil.which("bwrap")
-    if binary is None:
-        return "bubblewrap is not installed"
-    done = subprocess.run([binary, *BWRAP, "true"], capture_output=True, text=True, timeout=30)
-    return None if done.returncode == 0 else f"bwrap cannot run here: {done.stderr.strip()}"
-
-
 def assert_guarded(result: dict[str, int], scoped: bool) -> None:
     assert result["connect_denied"] == errno.EACCES
     assert result["connect_denied_v6_mapped"] in (errno.EACCES, errno.EAFNOSUPPORT)  # no IPv6 here
@@ -224,7 +214,7 @@ def test_seccomp_closes_the_ways_around(host: Host, ruleset: int):
 @needs_landlock
 def test_through_bwrap_on_the_host_network(host: Host, ruleset: int):
     """bwrap without --unshare-net; pid 1 inside is bwrap itself, outside the child's Landlock domain."""
-    if (reason := bwrap_reason()) is not None:
+    if (reason := bwrap_reason(*BWRAP)) is not None:
         pytest.skip(reason)
     bwrap = ["bwrap", *BWRAP, "--"]
     control = host.run(bwrap, None, 1)

@@ -5,16 +5,15 @@ bubblewrap's `--seccomp FD` and through `INSTALL_SOURCE` under `python -I -S` (h
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import platform
-import shutil
 import struct
 import subprocess
 import sys
 
 import pytest
+from bwrap_probe import bwrap_reason
 
 from prorl_server.sandbox import seccomp
 
@@ -133,15 +132,6 @@ def assert_filtered(result: dict[str, object]) -> None:
     assert {name: result[name] for name in ORDINARY} == dict.fromkeys(ORDINARY, 0)
 
 
-@functools.cache
-def bwrap_reason() -> str | None:
-    binary = shutil.which("bwrap")
-    if binary is None:
-        return "bubblewrap is not installed"
-    done = subprocess.run([binary, *BWRAP, "true"], capture_output=True, text=True, timeout=30)
-    return None if done.returncode == 0 else f"bwrap cannot run here: {done.stderr.strip()}"
-
-
 def run_bpf(program: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
     """The return value of a classic BPF program of the four kinds of instruction the assembler emits."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, *args, *[0] * (6 - len(args)))
@@ -257,7 +247,7 @@ def test_program_fd_holds_the_program():
 
 
 def test_through_bwrap_seccomp_fd():
-    if (reason := bwrap_reason()) is not None:
+    if (reason := bwrap_reason(*BWRAP)) is not None:
         pytest.skip(reason)
     fd = seccomp.program_fd(seccomp.deny_program())
     try:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import httpx
 from conftest import default_handlers
+
+from prorl_server import AgentHandler, JobContext
+from prorl_server.handlers import JobFinished
 
 
 def test_blocking_sync_init_stalls_neither_api_nor_other_jobs(start_server, backend):
@@ -36,3 +40,54 @@ def test_blocking_sync_init_stalls_neither_api_nor_other_jobs(start_server, back
     assert results[0]["timing"]["init_s"] >= 2
     names = handlers["sync"].threads
     assert {n.split("_")[0] for n in names} == {"prorl-init-sync", "prorl-run-sync", "prorl-eval-sync"}
+
+
+class WaitsForeverHandler(AgentHandler):
+    """RUN, a plain def, waits through ctx.wait on a coroutine that never ends; records how it ended."""
+
+    name = "waits_forever"
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.ended: list[BaseException] = []
+        self.cancelled = threading.Event()
+
+    def run(self, ctx: JobContext) -> None:
+        try:
+            ctx.wait(self.forever())
+        except Exception as exc:
+            self.ended.append(exc)
+            raise
+
+    async def forever(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    def eval(self, ctx: JobContext) -> float:
+        return 0.0
+
+
+def test_ending_a_job_cancels_its_sync_stage_wait_and_frees_the_thread(start_server, backend):
+    handler = WaitsForeverHandler()
+    server = start_server([backend.address], handlers={"waits_forever": handler}, run_workers=1)
+    server.http.post("/jobs", json={"instance": {"data_source": "waits_forever"}, "job_id": "stuck"})
+    assert handler.started.wait(30)
+    assert server.http.post("/cancel", json={"job_id": "stuck"}).json()["status"] == "cancelled"
+    assert handler.cancelled.wait(30)  # the coroutine on the stage loop was cancelled...
+    assert ended(handler, 1) and isinstance(handler.ended[0], JobFinished)  # ...and the thread let go
+    # The only RUN thread is free again: the next job runs (and times out in its own wait).
+    body = {"instance": {"data_source": "waits_forever"}, "job_id": "next", "timeout": 0.5}
+    assert server.http.post("/process", json=body).json()["status"] == "timeout"
+    assert ended(handler, 2) and isinstance(handler.ended[1], JobFinished)
+
+
+def ended(handler: WaitsForeverHandler, count: int, timeout: float = 30.0) -> bool:
+    """Wait until `count` run() calls have ended."""
+    deadline = time.monotonic() + timeout
+    while len(handler.ended) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(handler.ended) == count

@@ -13,12 +13,13 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs mill
 if TYPE_CHECKING:
     from typing import Any
 
-    from prorl_server.handlers import AgentHandler, JobContext
+    from prorl_server.handlers import AgentHandler, JobContext, JobFinished
     from prorl_server.protocol import ErrorInfo, JobResult, JobStatus, ProcessRequest, Trajectory
 
 _EXPORTS = {
     "AgentHandler": "prorl_server.handlers",
     "JobContext": "prorl_server.handlers",
+    "JobFinished": "prorl_server.handlers",
     "ErrorInfo": "prorl_server.protocol",
     "JobResult": "prorl_server.protocol",
     "JobStatus": "prorl_server.protocol",
@@ -30,6 +31,7 @@ __all__ = [
     "AgentHandler",
     "ErrorInfo",
     "JobContext",
+    "JobFinished",
     "JobResult",
     "JobStatus",
     "ProcessRequest",

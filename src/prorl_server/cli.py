@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
 
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
+
+API_KEY_ENV = "PRORL_API_KEY"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +52,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--cancel-grace", type=float, default=defaults.cancel_grace_s, help="seconds a cancelled stage gets to unwind"
+    )
+    serve.add_argument(
+        "--llm-retry-budget",
+        type=float,
+        default=defaults.llm_retry_budget_s,
+        help="seconds an LLM call keeps retrying while its backends fail",
+    )
+    serve.add_argument(
+        "--llm-failure-threshold",
+        type=int,
+        default=defaults.llm_failure_threshold,
+        help="consecutive failed requests that take a backend out of placement",
+    )
+    serve.add_argument(
+        "--llm-breaker-cooldown",
+        type=float,
+        default=defaults.llm_breaker_cooldown_s,
+        help="seconds before a backend taken out of placement gets a trial request (doubles per failed trial)",
+    )
+    serve.add_argument(
+        "--llm-max-failovers",
+        type=int,
+        default=defaults.llm_max_failovers,
+        help="failed requests one LLM call may retry after (on another backend when there is one)",
+    )
+    serve.add_argument(
+        "--llm-stall-timeout",
+        type=float,
+        default=None,
+        help="seconds without a response before an LLM request fails over (default: from max_tokens and speed)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (prefer ${API_KEY_ENV})",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body (413 beyond)"
     )
     serve.add_argument("--no-autostart", action="store_true", help="wait for POST /start before accepting jobs")
     serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
@@ -129,9 +171,26 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         health_check_interval_s=args.health_interval,
         llm_request_timeout_s=args.llm_timeout,
         cancel_grace_s=args.cancel_grace,
+        llm_retry_budget_s=args.llm_retry_budget,
+        llm_failure_threshold=args.llm_failure_threshold,
+        llm_breaker_cooldown_s=args.llm_breaker_cooldown,
+        llm_max_failovers=args.llm_max_failovers,
+        llm_stall_timeout_s=args.llm_stall_timeout,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_body_bytes=args.max_body_bytes,
         autostart=not args.no_autostart,
         log_level=args.log_level,
     )
+
+
+def reachable_beyond_loopback(host: str) -> bool:
+    """Whether binding `host` may accept connections from other machines (a hostname: assume so)."""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def serve(settings: ServerSettings) -> None:
@@ -140,6 +199,15 @@ def serve(settings: ServerSettings) -> None:
 
     from prorl_server.api import ServerState, create_app
 
+    if settings.api_key is None and reachable_beyond_loopback(settings.host):
+        logging.getLogger("prorl_server").warning(
+            "NO API KEY: serving on %s:%d without one, so anyone who can reach this port can submit and cancel "
+            "jobs, register an LLM backend (which then sees job prompts) and stop the server. Set $%s "
+            "(or --api-key), or bind to 127.0.0.1.",
+            settings.host,
+            settings.port,
+            API_KEY_ENV,
+        )
     state = ServerState.build(settings)
     app = create_app(state=state)
 

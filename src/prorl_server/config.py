@@ -36,6 +36,33 @@ class ServerSettings(BaseModel):
     health_check_interval_s: float = Field(default=10.0, gt=0)
     llm_request_timeout_s: float = Field(default=3600.0, gt=0)
     llm_max_failovers: int = Field(default=3, ge=0, description="Backends a call may move to when one dies.")
+    llm_retry_budget_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds one LLM call keeps retrying, with backoff, while its backends fail or none is "
+        "available (the job's own budget also bounds it).",
+    )
+    llm_failure_threshold: int = Field(
+        default=3, ge=1, description="Consecutive failed requests that take a backend out of placement."
+    )
+    llm_breaker_cooldown_s: float = Field(
+        default=5.0, gt=0, description="Seconds before a backend taken out of placement gets a trial request."
+    )
+    llm_stall_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds without a response after which an LLM request counts as stalled and fails over "
+        "(default: derived from max_tokens and the backend's measured speed).",
+    )
     cancel_grace_s: float = Field(default=5.0, ge=0, description="Time a cancelled stage gets to unwind.")
     autostart: bool = Field(default=True, description="Start the pools at launch (else wait for POST /start).")
+    api_key: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Bearer token every endpoint but /health requires (also $PRORL_API_KEY).",
+        repr=False,
+    )
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
+    )
     log_level: str = "info"

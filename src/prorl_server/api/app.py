@@ -9,13 +9,19 @@ from fastapi import FastAPI
 
 from prorl_server import __version__
 from prorl_server.api import jobs, lifecycle, llm_servers
+from prorl_server.api.auth import ApiKeyMiddleware
+from prorl_server.api.body_limit import BodyLimitMiddleware
 from prorl_server.api.errors import install_error_handlers
 from prorl_server.api.state import ServerState
 from prorl_server.config import ServerSettings
 
 
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
-    """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown."""
+    """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown.
+
+    With `settings.api_key`, every request but `GET /health` needs the key (checked first, before the body
+    is read); bodies over `settings.max_body_bytes` get 413.
+    """
     state = state or ServerState.build(settings or ServerSettings())
 
     @asynccontextmanager
@@ -31,4 +37,7 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     install_error_handlers(app)
     for module in (jobs, llm_servers, lifecycle):
         app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
+    if state.settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=state.settings.api_key)  # added last: runs first
     return app

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from prorl_server.handlers import HandlerLoadError, UnknownDataSource
@@ -20,11 +23,17 @@ _STATUS: dict[type[Exception], int] = {
     HandlerLoadError: 503,
 }
 
+MAX_ERRORS = 20
+"""Validation errors reported per request; a note replaces the rest."""
+MAX_ECHO_CHARS = 100
+"""Characters of an offending string echoed back (as `input`), and of each `loc` part."""
+
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register one handler per mapped exception type, and a last-resort one that logs."""
     for exc_type, status in _STATUS.items():
         app.add_exception_handler(exc_type, _mapped(status))
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(Exception, _unexpected)
 
 
@@ -35,9 +44,40 @@ def _mapped(status: int):
     return handler
 
 
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 shape, kept small: at most MAX_ERRORS entries, inputs echoed only when short scalars."""
+    errors = exc.errors()
+    detail = [_small_error(err) for err in errors[:MAX_ERRORS]]
+    if len(errors) > MAX_ERRORS:
+        detail.append({"loc": [], "msg": "further errors not shown", "type": "too_many_errors"})
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def _small_error(error: dict[str, Any]) -> dict[str, Any]:
+    loc = [part if isinstance(part, int) else _clip(str(part)) for part in error["loc"]]
+    small = {"loc": loc, "msg": _clip(str(error["msg"]), 4 * MAX_ECHO_CHARS), "type": error["type"]}
+    if "input" in error and _echoable(error["input"]):
+        value = error["input"]
+        small["input"] = _clip(value) if isinstance(value, str) else value
+    return small
+
+
+def _echoable(value: Any) -> bool:
+    """A scalar JSON can carry (containers, such as a whole body, are never echoed)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 2**63
+    return value is None or isinstance(value, str | bool)
+
+
+def _clip(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
+    what = _clip(f"{type(exc).__name__}: {exc}", 4 * MAX_ECHO_CHARS)
     return JSONResponse(
-        {"detail": f"internal error ({type(exc).__name__}: {exc}); this is a prorl-server bug, please report it"},
-        status_code=500,
+        {"detail": f"internal error ({what}); this is a prorl-server bug, please report it"}, status_code=500
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
@@ -23,9 +23,11 @@ from prorl_server.protocol import (
     JobStatusResponse,
     ProcessRequest,
 )
+from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS
 
 router = APIRouter(tags=["jobs"])
 State = Annotated[ServerState, Depends(get_state)]
+JobIdPath = Annotated[str, Path(min_length=1, max_length=JOB_ID_MAX_CHARS)]
 
 
 @router.post("/process", response_model=JobResult, openapi_extra=openapi_body(ProcessRequest))
@@ -52,7 +54,9 @@ async def list_results(
     ] = None,
     after: Annotated[int, Query(ge=0, description="Cursor: list results stored after this one")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-    wait: Annotated[float, Query(ge=0, le=300, description="Long-poll: seconds to wait for a first result")] = 0,
+    wait: Annotated[
+        float, Query(ge=0, le=300, allow_inf_nan=False, description="Long-poll: seconds to wait for a first result")
+    ] = 0,
 ) -> Response:
     """Finished results in completion order, after a cursor; pass `next_cursor` back as `after`."""
     statuses = _parse_statuses(status)
@@ -66,14 +70,15 @@ async def list_results(
             await state.signal.wait(remaining)
 
 
-@router.post("/jobs/ack", response_model=AckResponse)
-async def acknowledge(body: AckRequest, state: State) -> AckResponse:
+@router.post("/jobs/ack", response_model=AckResponse, openapi_extra=openapi_body(AckRequest))
+async def acknowledge(request: Request, state: State) -> AckResponse:
     """Drop stored results the trainer has safely received."""
+    body = await parse_body(request, AckRequest)
     return AckResponse(acknowledged=state.orchestrator.results.ack(body.job_ids, body.through))
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatusResponse)
-async def get_job(job_id: str, state: State) -> Response:
+async def get_job(job_id: JobIdPath, state: State) -> Response:
     """A job's status, and its result once terminal."""
     found = state.orchestrator.lookup(job_id)
     if found is None:
@@ -83,15 +88,15 @@ async def get_job(job_id: str, state: State) -> Response:
 
 
 @router.delete("/jobs/{job_id}", response_model=CancelResponse)
-async def delete_job(job_id: str, state: State) -> CancelResponse:
+async def delete_job(job_id: JobIdPath, state: State) -> CancelResponse:
     """Cancel a job (idempotent; a finished job keeps its result)."""
     return _cancel(state, job_id)
 
 
-@router.post("/cancel", response_model=CancelResponse)
-async def cancel(body: CancelRequest, state: State) -> CancelResponse:
+@router.post("/cancel", response_model=CancelResponse, openapi_extra=openapi_body(CancelRequest))
+async def cancel(request: Request, state: State) -> CancelResponse:
     """Cancel a job (idempotent; a finished job keeps its result)."""
-    return _cancel(state, body.job_id)
+    return _cancel(state, (await parse_body(request, CancelRequest)).job_id)
 
 
 def _cancel(state: ServerState, job_id: str) -> CancelResponse:
@@ -113,6 +118,8 @@ def _parse_statuses(raw: list[str] | None) -> set[JobStatus] | None:
         except ValueError:
             status = None
         if status not in TERMINAL_STATUSES:
-            raise HTTPException(400, f"status {name!r} cannot be listed; GET /jobs lists finished results: {allowed}")
+            raise HTTPException(
+                400, f"status {name[:40]!r} cannot be listed; GET /jobs lists finished results: {allowed}"
+            )
         statuses.add(status)
     return statuses

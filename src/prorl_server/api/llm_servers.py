@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
+from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.protocol import AddLLMServerRequest, LLMServerInfo, LLMServerList
 
@@ -13,9 +14,10 @@ router = APIRouter(tags=["llm servers"])
 State = Annotated[ServerState, Depends(get_state)]
 
 
-@router.post("/add_llm_server", response_model=LLMServerInfo)
-async def add_llm_server(body: AddLLMServerRequest, state: State) -> LLMServerInfo:
+@router.post("/add_llm_server", response_model=LLMServerInfo, openapi_extra=openapi_body(AddLLMServerRequest))
+async def add_llm_server(request: Request, state: State) -> LLMServerInfo:
     """Register a backend (or update the weight version of a known one); kept across /stop and /start."""
+    body = await parse_body(request, AddLLMServerRequest)
     backend = state.backends.add(body.address, body.weight_version, body.tags)
     state.probe_soon()
     return backend.info()

@@ -12,10 +12,11 @@ from fastapi import Request
 
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
-from prorl_server.llm import BackendPool, VLLMClient
+from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
+from prorl_server.sandbox.network_guard import NetworkGuard, url_port
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +86,22 @@ class ServerState:
             for target in settings.handlers:
                 registry.add_target(target)
         client = client or VLLMClient(request_timeout_s=settings.llm_request_timeout_s)
-        backends = BackendPool(client, settings.placement)
+        backends = BackendPool(
+            client,
+            settings.placement,
+            failure_threshold=settings.llm_failure_threshold,
+            breaker_cooldown_s=settings.llm_breaker_cooldown_s,
+            retry=RetryPolicy(budget_s=settings.llm_retry_budget_s),
+            stall_timeout_s=settings.llm_stall_timeout_s,
+        )
         for address in settings.llm_servers:
             backends.add(address)
-        state = cls(settings, registry, backends, Orchestrator(settings, registry, backends, build_sandboxes(settings)))
+        state = cls(
+            settings,
+            registry,
+            backends,
+            Orchestrator(settings, registry, backends, build_sandboxes(settings, backends)),
+        )
         state.orchestrator.results.on_put = state.signal.notify
         return state
 
@@ -114,11 +127,18 @@ class ServerState:
             self.health.submit(self.backends.check_health())
 
 
-def build_sandboxes(settings: ServerSettings) -> SandboxManager:
-    """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured."""
+def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxManager:
+    """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured.
+
+    Sandboxes that share the host network may not connect to this server's port or the backends' ports."""
     owner = new_owner_id()
     exclude = ("apptainer",) if settings.sandbox_image is None else ()
-    runtime = make_runtime(settings.runtime, owner, exclude=exclude)
+
+    def backend_ports() -> set[int]:
+        return {port for b in backends.backends() if (port := url_port(b.address)) is not None}
+
+    guard = NetworkGuard(api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports)
+    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard)
     return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image))
 
 

@@ -9,10 +9,14 @@ For scripts, examples and benchmarks that need the whole stack locally::
 
 Each child runs in its own session (Ctrl-C reaches only this process, which stops them). Leaving the
 block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL after a grace period.
+
+Children inherit the environment: with `$PRORL_API_KEY` set, the server requires that key, and
+`auth_headers()` gives the header a client sends with it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -25,8 +29,16 @@ from types import FrameType, TracebackType
 
 import httpx
 
+from prorl_server.cli import API_KEY_ENV
+
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
+
+
+def auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer $PRORL_API_KEY` when that variable is set, else no header."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """Task plugins: the AgentHandler interface, the JobContext it receives, and the plugin registry."""
 
 from prorl_server.handlers.base import AGENT_CONFIG_KEYS, AgentHandler, default_error
-from prorl_server.handlers.context import JobContext
+from prorl_server.handlers.context import JobContext, JobFinished
 from prorl_server.handlers.registry import (
     ENTRY_POINT_GROUP,
     HandlerEntry,
@@ -19,6 +19,7 @@ __all__ = [
     "HandlerLoadError",
     "HandlerRegistry",
     "JobContext",
+    "JobFinished",
     "UnknownDataSource",
     "default_error",
     "load_target",

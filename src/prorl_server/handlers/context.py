@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -19,6 +21,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ReleaseCallback = Callable[[], Awaitable[None] | None]
+LATE_RELEASE_WAIT_S = 30.0  # a worker thread waits this long for a cleanup it runs on the stage loop
+
+
+class JobFinished(RuntimeError):
+    """The job has ended (finished, timed out or cancelled): it starts no more sandboxes, and a `ctx.wait`
+    still running when it ended was cancelled."""
 
 
 @dataclass
@@ -46,6 +54,10 @@ class JobContext:
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    _finished: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _waits: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)  # ctx.wait in progress
+    _late_releases: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     @property
     def data_source(self) -> str:
@@ -57,23 +69,62 @@ class JobContext:
 
         It is closed on release: right after RUN for one started in INIT or RUN, when the job ends for
         one started in EVAL (so EVAL can test in a fresh sandbox the agent never touched). The first
-        sandbox started becomes `ctx.sandbox` until it is closed.
+        sandbox started becomes `ctx.sandbox` until it is closed. Once the job has ended it raises
+        JobFinished; a sandbox whose start completes after the job ended is closed at once (JobFinished).
         """
         if self._sandboxes is None:
             raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")
+        if self._finished:
+            raise JobFinished(f"job {self.job_id} has already ended; it cannot start a sandbox")
         manager = self._sandboxes
         sandbox = await manager.start(spec)
-        self.on_release(lambda: manager.close(sandbox))
+
+        def close() -> Awaitable[None]:
+            return manager.close(sandbox)
+
+        if not self._keep(close):
+            await asyncio.shield(self._release_late(close()))  # the close goes on if this call is cancelled
+            raise JobFinished(f"job {self.job_id} ended while its sandbox was starting; the sandbox was closed")
         if self.sandbox is None:
             self.sandbox = sandbox
         return sandbox
 
+    @property
+    def finished(self) -> bool:
+        """True once the job has ended (finished, timed out or cancelled)."""
+        return self._finished
+
     def on_release(self, callback: ReleaseCallback) -> None:
         """Register a resource cleanup (sync or async), run right after RUN, or on failure/cancel.
 
-        Callbacks run once, most recent first, on whatever stage thread releases the job.
+        Callbacks run once, most recent first, on whatever stage thread releases the job. Once the job has
+        ended the cleanup runs at once instead (an async one is scheduled on the running event loop, or,
+        from a worker thread, run on the stage's loop and waited for).
         """
-        self._release_callbacks.append(callback)
+        if self._keep(callback):
+            return
+        try:
+            outcome = callback()
+        except Exception:
+            log.exception("release callback of job %s failed", self.job_id)
+            return
+        if not inspect.isawaitable(outcome):
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a worker thread
+            self._await_from_thread(outcome)
+        else:
+            self._release_late(outcome)
+
+    def finish(self) -> None:
+        """The job has ended (the server's, before its last release): cancel the `ctx.wait` calls in
+        progress; from now on `start_sandbox` raises JobFinished and `on_release` releases at once."""
+        with self._lock:
+            self._finished = True
+            waits, self._waits = self._waits, set()
+        for future in waits:
+            future.cancel()  # cancels the coroutine on its loop; the waiting thread gets JobFinished
 
     async def release(self) -> None:
         """Run and forget the registered cleanups (idempotent); errors are logged, never raised."""
@@ -100,4 +151,53 @@ class JobContext:
         if running is self._loop:
             coro.close()
             raise RuntimeError("JobContext.wait() is for synchronous methods; in async methods use await")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        with self._lock:  # so that the end, marked in between, cannot miss it
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            if not self._finished:  # a call made after the end (final_result) is not cancelled
+                self._waits.add(future)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            if self._finished:
+                raise JobFinished(
+                    f"job {self.job_id} ended while ctx.wait() was running; the call was cancelled"
+                ) from None
+            raise
+        finally:
+            with self._lock:
+                self._waits.discard(future)
+
+    def _keep(self, callback: ReleaseCallback) -> bool:
+        """Register `callback` for the next release; False (not registered) once the job has ended."""
+        with self._lock:
+            if self._finished:
+                return False
+            self._release_callbacks.append(callback)
+            return True
+
+    def _release_late(self, outcome: Awaitable[None]) -> asyncio.Task[None]:
+        """Run a cleanup's awaitable as a task of the running loop, kept referenced until it is done."""
+        task = asyncio.ensure_future(_logged(outcome, self.job_id))
+        self._late_releases.add(task)
+        task.add_done_callback(self._late_releases.discard)
+        return task
+
+    def _await_from_thread(self, outcome: Awaitable[None]) -> None:
+        """Run a cleanup's awaitable to its end from a thread without event loop (on the stage's if it runs)."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            asyncio.run(_logged(outcome, self.job_id))
+            return
+        future = asyncio.run_coroutine_threadsafe(_logged(outcome, self.job_id), loop)
+        try:
+            future.result(LATE_RELEASE_WAIT_S)
+        except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):  # the stage loop stopped
+            log.warning("a late release callback of job %s did not complete", self.job_id)
+
+
+async def _logged(outcome: Awaitable[None], job_id: str) -> None:
+    """Await a cleanup; its error is logged, never raised."""
+    try:
+        await outcome
+    except Exception:
+        log.exception("release callback of job %s failed", job_id)

@@ -1,10 +1,11 @@
-"""One registered LLM backend and its counters."""
+"""One registered LLM backend: its counters, health, circuit breaker and measured speed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from prorl_server.llm.circuit import CircuitBreaker
 from prorl_server.protocol import LLMServerInfo
 
 
@@ -18,10 +19,18 @@ class Backend:
     tags: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     max_model_len: int | None = None  # the served model's context length, when the backend says
+    vocab_size: int | None = None  # its vocabulary size, when the backend says
     assigned: int = 0
     in_flight: int = 0
-    healthy: bool = True
+    healthy: bool = True  # the last health check passed (or none has run yet)
     last_error: str | None = None
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    tokens_per_s: float | None = None  # moving average of output speed, for stall timeouts
+
+    @property
+    def placeable(self) -> bool:
+        """Healthy, and its circuit lets a request through now."""
+        return self.healthy and self.breaker.admits_request()
 
     def info(self) -> LLMServerInfo:
         """Snapshot for `GET /llm_servers`."""
@@ -34,4 +43,7 @@ class Backend:
             in_flight=self.in_flight,
             healthy=self.healthy,
             last_error=self.last_error,
+            circuit=self.breaker.state.value,
+            consecutive_failures=self.breaker.consecutive_failures,
+            tokens_per_s=self.tokens_per_s,
         )

@@ -1,4 +1,4 @@
-"""The pool of LLM backends: registration, sticky per-job placement, health."""
+"""The pool of LLM backends: registration, sticky per-job placement, circuit breakers, health, speed."""
 
 from __future__ import annotations
 
@@ -6,31 +6,64 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_server.llm.backend import Backend
+from prorl_server.llm.circuit import CircuitBreaker, CircuitState
 from prorl_server.llm.errors import NoBackendAvailable
 from prorl_server.llm.placement import PlacementPolicy, make_policy
+from prorl_server.llm.retry import RetryPolicy
+from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
 from prorl_server.llm.vllm_client import VLLMClient
 
 log = logging.getLogger(__name__)
+
+_HEALTH_TICK_S = 0.2  # how often the health loop looks for an open circuit whose cooldown just ended
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The backend one request goes to; `trial` when it is the trial request of a half-open circuit."""
+
+    backend: Backend
+    trial: bool
 
 
 class BackendPool:
     """Thread-safe set of backends. Jobs are pinned to one backend for all their turns.
 
-    A backend that fails a request or a health check is marked unhealthy and gets no new jobs;
-    jobs pinned to it are re-placed on their next call. It comes back when a health check passes.
+    Each backend has a circuit breaker (`circuit.py`): `failure_threshold` failed requests in a row take
+    it out of placement until its cooldown is over and a health check passes; then one trial request
+    decides whether it returns. Health checks are a separate verdict: a backend failing them is out of
+    placement until one passes, and only when every registered backend fails them does the server
+    refuse new jobs. Jobs pinned to a backend that left placement are re-placed on their next call.
     """
 
-    def __init__(self, client: VLLMClient, policy: str | PlacementPolicy = "sticky_least_loaded") -> None:
+    def __init__(
+        self,
+        client: VLLMClient,
+        policy: str | PlacementPolicy = "sticky_least_loaded",
+        *,
+        failure_threshold: int = 3,
+        breaker_cooldown_s: float = 5.0,
+        retry: RetryPolicy | None = None,
+        stall_timeout_s: float | None = None,
+    ) -> None:
         self.client = client
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
+        self.retry = retry or RetryPolicy()
+        self.stall_timeout_s = stall_timeout_s
+        self._failure_threshold = failure_threshold
+        self._breaker_cooldown_s = breaker_cooldown_s
         self._lock = threading.Lock()
         self._backends: dict[str, Backend] = {}
         self._pins: dict[str, Backend] = {}
         self._order = itertools.count()
         self._cache: dict[tuple[str, str], Any] = {}
+        self._probed_at: dict[str, float] = {}
 
     # registration -----------------------------------------------------------------------------
 
@@ -40,7 +73,8 @@ class BackendPool:
         with self._lock:
             backend = self._backends.get(address)
             if backend is None:
-                backend = Backend(address=address, order=next(self._order))
+                breaker = CircuitBreaker(self._failure_threshold, self._breaker_cooldown_s)
+                backend = Backend(address=address, order=next(self._order), breaker=breaker)
                 self._backends[address] = backend
             backend.weight_version = weight_version
             backend.tags = dict(tags or {})
@@ -54,6 +88,7 @@ class BackendPool:
             count = len(self._backends)
             self._backends.clear()
             self._cache.clear()
+            self._probed_at.clear()
             return count
 
     def backends(self) -> list[Backend]:
@@ -62,33 +97,34 @@ class BackendPool:
             return sorted(self._backends.values(), key=lambda b: b.order)
 
     def counts(self) -> tuple[int, int]:
-        """(registered, healthy)."""
+        """(registered, passing their health checks)."""
         with self._lock:
             return len(self._backends), sum(b.healthy for b in self._backends.values())
 
     # placement --------------------------------------------------------------------------------
 
-    def acquire(self, job_id: str) -> Backend:
-        """The backend pinned to `job_id`, pinning one by policy when there is none or it left."""
+    def acquire(self, job_id: str, avoid: Collection[str] = ()) -> Lease:
+        """The backend for the job's next request: its pinned one while that is placeable and not in
+        `avoid` (addresses this call already failed on), else one chosen by policy, preferring backends
+        outside `avoid`. Raises NoBackendAvailable when no backend is placeable now."""
         with self._lock:
             pinned = self._pins.get(job_id)
-            if pinned is not None and pinned.healthy and self._backends.get(pinned.address) is pinned:
-                return pinned
+            live = pinned is not None and self._backends.get(pinned.address) is pinned and pinned.placeable
+            if live and pinned.address not in avoid:
+                return Lease(pinned, pinned.breaker.start_request())
+            placeable = [b for b in self._backends.values() if b.placeable]
+            fresh = [b for b in placeable if b.address not in avoid]
+            if live and not fresh:  # nowhere else to go: stay on the pinned backend
+                return Lease(pinned, pinned.breaker.start_request())
+            if not placeable:
+                raise NoBackendAvailable(self._nothing_placeable())
             if pinned is not None:
                 pinned.in_flight -= 1
                 del self._pins[job_id]
-            candidates = [b for b in self._backends.values() if b.healthy]
-            if not candidates:
-                total = len(self._backends)
-                raise NoBackendAvailable(
-                    'no LLM backend registered; POST /add_llm_server {"address": "http://host:port/v1"}'
-                    if total == 0
-                    else f"all {total} registered LLM backends are unhealthy (see GET /llm_servers)"
-                )
-            chosen = self.policy.choose(sorted(candidates, key=lambda b: b.order))
+            chosen = self.policy.choose(sorted(fresh or placeable, key=lambda b: b.order))
             chosen.in_flight += 1
             self._pins[job_id] = chosen
-            return chosen
+            return Lease(chosen, chosen.breaker.start_request())
 
     def release(self, job_id: str) -> None:
         """Unpin a job (idempotent)."""
@@ -97,13 +133,73 @@ class BackendPool:
             if pinned is not None:
                 pinned.in_flight -= 1
 
-    def mark_unhealthy(self, backend: Backend, error: str) -> None:
-        """Take a backend out of placement after a failure."""
+    def succeeded(self, lease: Lease) -> None:
+        """The backend answered the request (a rejection counts: it works)."""
+        backend = lease.backend
         with self._lock:
-            if backend.healthy:
-                log.warning("LLM backend %s marked unhealthy: %s", backend.address, error)
-            backend.healthy = False
+            before = backend.breaker.record_success(lease.trial)
+            if backend.breaker.state is CircuitState.CLOSED:
+                backend.last_error = None
+        if before is not CircuitState.CLOSED and lease.trial:
+            log.info("LLM backend %s answered its trial request; circuit closed", backend.address)
+
+    def failed(self, lease: Lease, error: str) -> None:
+        """The request failed on the backend: count it, and open its circuit past the threshold."""
+        backend = lease.backend
+        with self._lock:
+            opened = backend.breaker.record_failure(lease.trial)
             backend.last_error = error
+            failures, cooldown = backend.breaker.consecutive_failures, backend.breaker.cooldown_s
+        if opened:
+            log.warning(
+                "LLM backend %s out of placement for at least %gs after %d failed request(s): %s",
+                backend.address,
+                cooldown,
+                failures,
+                error,
+            )
+
+    def abandoned(self, lease: Lease) -> None:
+        """The request ended without a verdict (cancelled); a trial request may be tried again."""
+        if lease.trial:
+            with self._lock:
+                lease.backend.breaker.abandon_trial()
+
+    def _nothing_placeable(self) -> str:
+        if not self._backends:
+            return 'no LLM backend registered; POST /add_llm_server {"address": "http://host:port/v1"}'
+        reasons = []
+        for backend in sorted(self._backends.values(), key=lambda b: b.order)[:8]:
+            if not backend.healthy:
+                why = "unhealthy (fails its health check)"
+            elif backend.breaker.state is CircuitState.OPEN:
+                why = f"circuit open after {backend.breaker.consecutive_failures} failed request(s)"
+            else:
+                why = "circuit half-open, its trial request under way"
+            last = f"; last error: {backend.last_error[:300]}" if backend.last_error else ""
+            reasons.append(f"{backend.address} {why}{last}")
+        return f"all {len(self._backends)} registered LLM backends are out of placement: " + " | ".join(reasons)
+
+    # speed and stall timeouts -------------------------------------------------------------------
+
+    def observe_speed(self, backend: Backend, output_tokens: int, seconds: float) -> None:
+        """Fold one completion's output speed into the backend's moving average."""
+        with self._lock:
+            backend.tokens_per_s = updated_speed(backend.tokens_per_s, output_tokens, seconds)
+
+    def completion_timeout(self, backend: Backend, max_new_tokens: int | None) -> float | None:
+        """Stall timeout of a completion: the configured one, else derived from `max_new_tokens` and the
+        backend's speed (None when the length is unknown: only the request timeout applies)."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        if max_new_tokens is None:
+            return None
+        return derived_stall_timeout_s(max_new_tokens, backend.tokens_per_s)
+
+    @property
+    def short_call_timeout(self) -> float:
+        """Stall timeout of tokenize, detokenize and model queries."""
+        return self.stall_timeout_s if self.stall_timeout_s is not None else STALL_FLOOR_S
 
     # per-backend cache -------------------------------------------------------------------------
 
@@ -118,33 +214,61 @@ class BackendPool:
             self._cache[(backend.address, key)] = value
 
     async def resolve_model(self, backend: Backend) -> str | None:
-        """The served model name (and context length), asked once per backend."""
+        """The served model name (and context length, vocabulary size), asked once per backend."""
         if backend.model is None:
-            served = await self.client.served_model(backend.address)
-            backend.model, backend.max_model_len = served.id, served.max_model_len
+            served = await self.client.served_model(backend.address, timeout_s=self.short_call_timeout)
+            with self._lock:
+                backend.max_model_len, backend.vocab_size = served.max_model_len, served.vocab_size
+                backend.model = served.id
         return backend.model
 
     # health -------------------------------------------------------------------------------------
 
-    async def check_health(self) -> None:
-        """Probe every backend once and update its health flag."""
-        backends = self.backends()
+    async def check_health(self, backends: list[Backend] | None = None) -> None:
+        """Probe backends (all by default) once; a pass lets an open circuit whose cooldown is over
+        take a trial request."""
+        backends = self.backends() if backends is None else backends
+        started = time.monotonic()
         results = await asyncio.gather(*(self.client.healthy(b.address) for b in backends))
         for backend, (ok, error) in zip(backends, results, strict=True):
             with self._lock:
+                self._probed_at[backend.address] = started
                 was = backend.healthy
                 backend.healthy = ok
-                backend.last_error = None if ok else error
+                half_open = ok and backend.breaker.health_passed()
+                if not ok:
+                    backend.last_error = error
+                elif backend.breaker.state is CircuitState.CLOSED and not backend.breaker.consecutive_failures:
+                    backend.last_error = None
+            if half_open:
+                log.info("LLM backend %s passed a health check; one trial request may go to it", backend.address)
             if ok and not was:
                 log.info("LLM backend %s is healthy again", backend.address)
             elif was and not ok:
                 log.warning("LLM backend %s failed its health check: %s", backend.address, error)
 
+    def _trials_due(self) -> list[Backend]:
+        """Open circuits whose cooldown ended after their last probe: probing them now starts a trial."""
+        now = time.monotonic()
+        with self._lock:
+            return [
+                b
+                for b in self._backends.values()
+                if b.breaker.state is CircuitState.OPEN
+                and self._probed_at.get(b.address, 0.0) < b.breaker.opened_at + b.breaker.cooldown_s <= now
+            ]
+
     async def health_loop(self, interval_s: float) -> None:
-        """Check health every `interval_s` seconds until cancelled."""
+        """Check every backend each `interval_s` seconds, and an open circuit as soon as its cooldown
+        ends, until cancelled."""
+        next_round = 0.0
         while True:
             try:
-                await self.check_health()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + interval_s
+                    await self.check_health()
+                elif due := self._trials_due():
+                    await self.check_health(due)
             except Exception:  # a bug in one probe round must not end health checking
                 log.exception("health check round failed")
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(max(0.0, min(_HEALTH_TICK_S, next_round - time.monotonic())))

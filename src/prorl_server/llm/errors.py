@@ -11,6 +11,14 @@ class BackendUnavailable(LLMError):
     """The backend could not be reached or answered with a server error; another backend may work."""
 
 
+class BackendProtocolError(BackendUnavailable):
+    """The backend's answer broke vLLM's protocol (malformed, out of range, or larger than the request can need)."""
+
+
+class BackendStalled(BackendUnavailable):
+    """The backend did not answer within the stall timeout; the request was closed (vLLM then aborts it)."""
+
+
 class BackendRequestError(LLMError):
     """The backend rejected the request (4xx): retrying elsewhere would fail the same way."""
 
@@ -20,7 +28,7 @@ class BackendRequestError(LLMError):
 
 
 class NoBackendAvailable(LLMError):
-    """No registered, healthy LLM backend is left to serve the job."""
+    """No registered backend could take the call: none is registered, healthy, and with its circuit closed."""
 
 
 class ChatTemplateError(LLMError):

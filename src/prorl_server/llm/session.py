@@ -12,15 +12,24 @@ stream equals what the template would give for the same messages.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prorl_server.llm.backend import Backend
-from prorl_server.llm.backend_pool import BackendPool
-from prorl_server.llm.errors import BackendUnavailable, ChatTemplateError, NoBackendAvailable, SessionFinished
-from prorl_server.llm.vllm_client import Completion
+from prorl_server.llm.backend_pool import BackendPool, Lease
+from prorl_server.llm.errors import (
+    BackendRequestError,
+    BackendUnavailable,
+    ChatTemplateError,
+    NoBackendAvailable,
+    SessionFinished,
+)
+from prorl_server.llm.response_limits import requested_tokens
+from prorl_server.llm.vllm_protocol import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
 
 T = TypeVar("T")
@@ -57,7 +66,12 @@ def _common_suffix_len(a: list[int], b: list[int]) -> int:
 
 
 class LLMSession:
-    """Token-in/token-out conversation of one job, pinned to one backend (re-placed if it dies)."""
+    """Token-in/token-out conversation of one job, pinned to one backend (re-placed if it fails).
+
+    A call whose backend fails (unreachable, server error, stalled, malformed answer) is retried with
+    backoff, on another backend when there is one, for at most `max_failovers` failed requests and the
+    pool's retry budget; while no backend can take it, it waits within the same budget.
+    """
 
     def __init__(
         self,
@@ -90,7 +104,13 @@ class LLMSession:
             raise RuntimeError("LLMSession.start() was already called for this job")
         ids = await self._with_backend(
             lambda b: self.pool.client.tokenize_messages(
-                b.address, b.model, messages, add_generation_prompt=True, tools=tools
+                b.address,
+                b.model,
+                messages,
+                add_generation_prompt=True,
+                tools=tools,
+                vocab_size=b.vocab_size,
+                timeout_s=self.pool.short_call_timeout,
             )
         )
         self.trajectory.prompt_ids = ids
@@ -115,7 +135,19 @@ class LLMSession:
 
         async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
             version = backend.weight_version  # the weights this request was sent to
-            return await self.pool.client.complete(backend.address, backend.model, prompt, params), version
+            max_new = requested_tokens(params, len(prompt), backend.max_model_len)
+            started = time.monotonic()
+            completion = await self.pool.client.complete(
+                backend.address,
+                backend.model,
+                prompt,
+                params,
+                vocab_size=backend.vocab_size,
+                max_model_len=backend.max_model_len,
+                timeout_s=self.pool.completion_timeout(backend, max_new),
+            )
+            self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
+            return completion, version
 
         (completion, weight_version), backend = await self._with_backend_pair(complete)
         turn = TurnRecord(
@@ -147,7 +179,12 @@ class LLMSession:
         shape = await self._template_shape()
         full = await self._with_backend(
             lambda b: self.pool.client.tokenize_messages(
-                b.address, b.model, [*_BASE, *messages], add_generation_prompt=True
+                b.address,
+                b.model,
+                [*_BASE, *messages],
+                add_generation_prompt=True,
+                vocab_size=b.vocab_size,
+                timeout_s=self.pool.short_call_timeout,
             )
         )
         if full[: len(shape.base_ids)] != shape.base_ids:
@@ -178,11 +215,17 @@ class LLMSession:
 
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
-        return await self._with_backend(lambda b: self.pool.client.tokenize_text(b.address, b.model, text))
+        return await self._with_backend(
+            lambda b: self.pool.client.tokenize_text(
+                b.address, b.model, text, vocab_size=b.vocab_size, timeout_s=self.pool.short_call_timeout
+            )
+        )
 
     async def detokenize(self, ids: list[int]) -> str:
         """Text of token ids, from the pinned backend's tokenizer."""
-        return await self._with_backend(lambda b: self.pool.client.detokenize(b.address, b.model, ids))
+        return await self._with_backend(
+            lambda b: self.pool.client.detokenize(b.address, b.model, ids, timeout_s=self.pool.short_call_timeout)
+        )
 
     def close(self) -> None:
         """Unpin the job from its backend (idempotent); a later call pins it again."""
@@ -194,11 +237,11 @@ class LLMSession:
             self._finished = True
             self.pool.release(self.job_id)
 
-    def _acquire(self) -> Backend:
+    def _acquire(self, avoid: Collection[str]) -> Lease:
         with self._lock:
             if self._finished:
                 raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
-            return self.pool.acquire(self.job_id)
+            return self.pool.acquire(self.job_id, avoid)
 
     # internals ----------------------------------------------------------------------------------
 
@@ -206,12 +249,22 @@ class LLMSession:
         async def probe(backend: Backend) -> TemplateShape:
             shape = self.pool.cached(backend, "template_shape")
             if shape is None:
-                client = self.pool.client
+                client, vocab, timeout = self.pool.client, backend.vocab_size, self.pool.short_call_timeout
                 base = await client.tokenize_messages(
-                    backend.address, backend.model, _BASE, add_generation_prompt=False
+                    backend.address,
+                    backend.model,
+                    _BASE,
+                    add_generation_prompt=False,
+                    vocab_size=vocab,
+                    timeout_s=timeout,
                 )
                 other = await client.tokenize_messages(
-                    backend.address, backend.model, _BASE_OTHER, add_generation_prompt=False
+                    backend.address,
+                    backend.model,
+                    _BASE_OTHER,
+                    add_generation_prompt=False,
+                    vocab_size=vocab,
+                    timeout_s=timeout,
                 )
                 close_len = _common_suffix_len(base, other)
                 shape = TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
@@ -225,16 +278,48 @@ class LLMSession:
         return result
 
     async def _with_backend_pair(self, call: Callable[[Backend], Awaitable[T]]) -> tuple[T, Backend]:
-        """Run `call` on the pinned backend; on an unreachable backend, re-place and resend."""
-        errors: list[str] = []
-        for _ in range(self.max_failovers + 1):
-            backend = self._acquire()
+        """Run `call` on the job's backend; when the backend fails, retry (see the class docstring)."""
+        retry = self.pool.retry
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + retry.budget_s
+        failures: list[str] = []
+        failed_on: set[str] = set()
+        waits = 0
+        while True:
             try:
+                lease = self._acquire(failed_on)
+            except NoBackendAvailable as exc:
+                delay = min(retry.delay_s(waits), deadline - loop.time())
+                if delay <= 0:
+                    raise NoBackendAvailable(
+                        f"no LLM backend could take the call within the {retry.budget_s:g}s retry budget: {exc}"
+                        + (f"; earlier failures: {'; '.join(failures)}" if failures else "")
+                    ) from None
+                waits += 1
+                await asyncio.sleep(delay)
+                continue
+            backend = lease.backend
+            try:
+                if backend.address in failed_on:  # back again where this call failed: back off first
+                    await asyncio.sleep(min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time())))
                 await self.pool.resolve_model(backend)
-                return await call(backend), backend
+                result = await call(backend)
             except BackendUnavailable as exc:
-                errors.append(f"{backend.address}: {exc}")
-                self.pool.mark_unhealthy(backend, str(exc))
-            except NoBackendAvailable:
+                self.pool.failed(lease, str(exc))
+                failures.append(f"{backend.address}: {exc}")
+                failed_on.add(backend.address)
+                if len(failures) > self.max_failovers or loop.time() >= deadline:
+                    raise type(exc)(
+                        f"LLM call failed after {len(failures)} failed request(s) in {loop.time() - started:.1f}s: "
+                        + "; ".join(failures)
+                    ) from exc
+                continue
+            except BackendRequestError:
+                self.pool.succeeded(lease)  # the backend works; the request was wrong
                 raise
-        raise NoBackendAvailable(f"LLM call failed on {len(errors)} backend(s) in a row: " + "; ".join(errors))
+            except BaseException:
+                self.pool.abandoned(lease)
+                raise
+            self.pool.succeeded(lease)
+            return result, backend

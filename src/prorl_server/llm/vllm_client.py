@@ -1,77 +1,47 @@
-"""Token-in/token-out client for vLLM's OpenAI-compatible HTTP server."""
+"""Token-in/token-out client for vLLM's OpenAI-compatible HTTP server.
+
+Every answer is read as a stream and bounded by what the request asked for (`response_limits`), then
+checked against vLLM's response shapes (`vllm_protocol`). A backend that answers with too many bytes,
+malformed data, a server error, or nothing within the stall timeout fails like an unreachable one
+(BackendUnavailable and its subclasses), so the caller can fail over.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from prorl_server.llm.errors import BackendRequestError, BackendUnavailable
+from prorl_server.llm import response_limits as limits
+from prorl_server.llm.errors import (
+    BackendProtocolError,
+    BackendRequestError,
+    BackendStalled,
+    BackendUnavailable,
+    LLMError,
+)
+from prorl_server.llm.vllm_protocol import (
+    Completion,
+    ServedModel,
+    parse_completion,
+    parse_detokenized,
+    parse_served_model,
+    parse_tokens,
+)
 
-_TOKEN_ID_PREFIX = "token_id:"
 _POOL_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What one `/v1/completions` call produced."""
-
-    output_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str | None
-    text: str
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """A model a backend serves: its id and context length (None when the backend does not say)."""
-
-    id: str
-    max_model_len: int | None
+# identity: the byte bounds apply to what is held in memory, not to a compressed size
+_HEADERS = {"accept-encoding": "identity", "content-type": "application/json"}
 
 
 def server_root(address: str) -> str:
     """`http://h:p/v1` -> `http://h:p` (vLLM serves /tokenize, /detokenize and /health at the root)."""
     address = address.rstrip("/")
     return address[: -len("/v1")] if address.endswith("/v1") else address
-
-
-def parse_completion(body: dict[str, Any]) -> Completion:
-    """Read token ids and sampled logprobs from a vLLM completion response.
-
-    Prefers `choices[0].token_ids` (`return_token_ids: true`); falls back to the `"token_id:N"`
-    strings that `return_tokens_as_token_ids` puts in `logprobs.tokens`.
-    """
-    try:
-        choice = body["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise BackendUnavailable(f"malformed completion response: no choices ({exc!r})") from exc
-    logprobs_block = choice.get("logprobs") or {}
-    ids = choice.get("token_ids")
-    if ids is None:
-        tokens = logprobs_block.get("tokens") or []
-        if not all(isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX) for t in tokens):
-            raise BackendUnavailable(
-                "completion response has neither choices[0].token_ids nor token_id:N tokens; "
-                "serve with a vLLM that supports return_token_ids (>= 0.10.2) or "
-                "--return-tokens-as-token-ids"
-            )
-        ids = [int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens]
-    token_logprobs = logprobs_block.get("token_logprobs")
-    if token_logprobs is None:
-        raise BackendUnavailable("completion response carries no logprobs.token_logprobs (send logprobs: 0)")
-    if len(token_logprobs) != len(ids):
-        raise BackendUnavailable(f"completion response has {len(ids)} token ids but {len(token_logprobs)} logprobs")
-    return Completion(
-        output_ids=[int(i) for i in ids],
-        logprobs=[float(lp) if lp is not None else 0.0 for lp in token_logprobs],
-        finish_reason=choice.get("finish_reason"),
-        text=choice.get("text") or "",
-    )
 
 
 class VLLMClient:
@@ -101,7 +71,7 @@ class VLLMClient:
         client = self._clients.get(loop)
         if client is None:
             transport = self._transport or AiohttpTransport(limits=_POOL_LIMITS)
-            client = httpx.AsyncClient(timeout=self._timeout, transport=transport)
+            client = httpx.AsyncClient(timeout=self._timeout, transport=transport, headers=_HEADERS)
             self._clients[loop] = client
         return client
 
@@ -111,22 +81,49 @@ class VLLMClient:
         if client is not None:
             await client.aclose()
 
-    async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, method: str, url: str, content: bytes | None, limit: int, timeout_s: float | None
+    ) -> bytes | bytearray:
+        """The body of a successful answer of at most `limit` bytes, within `timeout_s` (None: no stall limit)."""
+        stall = asyncio.timeout(timeout_s)
         try:
-            response = await self._client().post(url, json=payload)
+            async with stall, self._client().stream(method, url, content=content) as response:
+                if response.status_code >= 400:
+                    raise _status_error(response, await _read(response, limits.ERROR_BYTES, truncate=True))
+                return await _read(response, limit)
+        except TimeoutError as exc:
+            if stall.expired():
+                raise BackendStalled(
+                    f"{method} {url}: no answer within the {timeout_s:g}s stall timeout; request closed"
+                ) from None
+            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
-        return _json_or_raise(response)
+            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
 
     async def complete(
-        self, address: str, model: str | None, prompt_ids: list[int], sampling_params: dict[str, Any]
+        self,
+        address: str,
+        model: str | None,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        *,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+        timeout_s: float | None = None,
     ) -> Completion:
-        """Generate from token ids; returns the sampled ids and their logprobs exactly as the engine sent them."""
+        """Generate from token ids; returns the sampled ids and their logprobs exactly as the engine sent them.
+
+        The answer is refused (BackendProtocolError) when it is larger than `max_tokens` can need or
+        carries more ids, ids outside `vocab_size`, or logprobs that are not finite and <= 0.
+        """
         payload: dict[str, Any] = dict(sampling_params)
         payload.update(prompt=prompt_ids, return_token_ids=True, logprobs=0, stream=False, n=1)
         if model is not None:
             payload["model"] = model
-        return parse_completion(await self._post(f"{address.rstrip('/')}/completions", payload))
+        max_new = limits.requested_tokens(sampling_params, len(prompt_ids), max_model_len)
+        limit = limits.completion_bytes(max_new, len(prompt_ids))
+        body = await self._call("POST", f"{address.rstrip('/')}/completions", _json(payload), limit, timeout_s)
+        return parse_completion(body, max_tokens=max_new, vocab_size=vocab_size)
 
     async def tokenize_messages(
         self,
@@ -136,6 +133,8 @@ class VLLMClient:
         *,
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        vocab_size: int | None = None,
+        timeout_s: float | None = None,
     ) -> list[int]:
         """Apply the backend's chat template to `messages` and return the token ids."""
         payload: dict[str, Any] = {
@@ -145,79 +144,109 @@ class VLLMClient:
         }
         if tools:
             payload["tools"] = tools
-        return await self._tokenize(address, model, payload)
+        return await self._tokenize(address, model, payload, vocab_size, timeout_s)
 
-    async def tokenize_text(self, address: str, model: str | None, text: str) -> list[int]:
+    async def tokenize_text(
+        self,
+        address: str,
+        model: str | None,
+        text: str,
+        *,
+        vocab_size: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[int]:
         """Tokenize plain text (no special tokens added)."""
-        return await self._tokenize(address, model, {"prompt": text, "add_special_tokens": False})
+        payload = {"prompt": text, "add_special_tokens": False}
+        return await self._tokenize(address, model, payload, vocab_size, timeout_s)
 
-    async def _tokenize(self, address: str, model: str | None, payload: dict[str, Any]) -> list[int]:
+    async def _tokenize(
+        self,
+        address: str,
+        model: str | None,
+        payload: dict[str, Any],
+        vocab_size: int | None,
+        timeout_s: float | None,
+    ) -> list[int]:
         if model is not None:
             payload["model"] = model
-        body = await self._post(f"{server_root(address)}/tokenize", payload)
-        try:
-            return [int(t) for t in body["tokens"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BackendUnavailable(f"malformed /tokenize response: {exc!r}") from exc
+        content = _json(payload)
+        url = f"{server_root(address)}/tokenize"
+        body = await self._call("POST", url, content, limits.tokenize_bytes(len(content)), timeout_s)
+        return parse_tokens(body, vocab_size=vocab_size)
 
-    async def detokenize(self, address: str, model: str | None, ids: list[int]) -> str:
+    async def detokenize(
+        self, address: str, model: str | None, ids: list[int], *, timeout_s: float | None = None
+    ) -> str:
         """Turn token ids into text with the backend's tokenizer."""
         payload: dict[str, Any] = {"tokens": ids}
         if model is not None:
             payload["model"] = model
-        body = await self._post(f"{server_root(address)}/detokenize", payload)
-        return str(body.get("prompt", ""))
+        url = f"{server_root(address)}/detokenize"
+        body = await self._call("POST", url, _json(payload), limits.detokenize_bytes(len(ids)), timeout_s)
+        return parse_detokenized(body)
 
-    async def served_model(self, address: str) -> ServedModel:
-        """The first model the backend serves, with its context length (`GET /v1/models`)."""
+    async def served_model(self, address: str, *, timeout_s: float | None = None) -> ServedModel:
+        """The first model the backend serves, with its context length and vocabulary size (`GET /v1/models`)."""
         url = f"{address.rstrip('/')}/models"
-        try:
-            response = await self._client().get(url)
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
-        data = _json_or_raise(response).get("data") or []
-        if not data:
-            raise BackendUnavailable(f"GET {url} lists no model")
-        length = data[0].get("max_model_len")
-        return ServedModel(id=str(data[0]["id"]), max_model_len=length if isinstance(length, int) else None)
+        return parse_served_model(await self._call("GET", url, None, limits.MODELS_BYTES, timeout_s))
 
     async def healthy(self, address: str, timeout_s: float = 5.0) -> tuple[bool, str | None]:
         """Probe `GET /health`; returns (ok, error message)."""
-        url = f"{server_root(address)}/health"
         try:
-            response = await self._client().get(url, timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            return False, f"GET {url}: {type(exc).__name__}: {exc}"
-        if response.status_code != 200:
-            return False, f"GET {url}: HTTP {response.status_code}"
+            await self._call("GET", f"{server_root(address)}/health", None, limits.HEALTH_BYTES, timeout_s)
+        except LLMError as exc:
+            return False, str(exc)
         return True, None
 
 
-def _json_or_raise(response: httpx.Response) -> dict[str, Any]:
-    if response.status_code >= 500:
-        raise BackendUnavailable(f"{response.request.url}: HTTP {response.status_code}: {response.text[:500]}")
-    if response.status_code >= 400:
-        raise BackendRequestError(
-            f"{response.request.url} rejected the request: HTTP {response.status_code}: {_error_message(response)}",
-            response.status_code,
-        )
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise BackendUnavailable(f"{response.request.url}: response is not JSON") from exc
+def _json(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _error_message(response: httpx.Response) -> str:
+async def _read(response: httpx.Response, limit: int, *, truncate: bool = False) -> bytes | bytearray:
+    """Read a body of at most `limit` bytes; past it, refuse (BackendProtocolError) or, with `truncate`, cut."""
+    url = response.request.url
+    announced = response.headers.get("content-length")
+    plain = response.headers.get("content-encoding", "identity") == "identity"
+    if announced is not None and plain and not truncate:
+        if not (announced.isascii() and announced.isdigit()):
+            raise BackendProtocolError(f"{url}: malformed Content-Length {announced[:40]!r}")
+        if int(announced) > limit:
+            raise BackendProtocolError(
+                f"{url}: answer of {announced} bytes refused unread; this request needs at most {limit}"
+            )
+        return await response.aread()
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            if truncate:
+                return body[:limit]
+            raise BackendProtocolError(
+                f"{url}: answer passed {limit} bytes, more than this request can need; stopped reading"
+            )
+    return body
+
+
+def _status_error(response: httpx.Response, body: bytes | bytearray) -> LLMError:
+    message = _error_message(body)
+    status = response.status_code
+    if status >= 500:
+        return BackendUnavailable(f"{response.request.method} {response.request.url}: HTTP {status}: {message}")
+    return BackendRequestError(f"{response.request.url} rejected the request: HTTP {status}: {message}", status)
+
+
+def _error_message(body: bytes | bytearray) -> str:
+    text = body.decode("utf-8", errors="replace")
     try:
-        body = response.json()
+        parsed = json.loads(text)
     except ValueError:
-        return response.text[:500]
-    if isinstance(body, dict):
-        error = body.get("error")
+        return text[:500]
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
         if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if "message" in body:
-            return str(body["message"])
-        if "detail" in body:
-            return str(body["detail"])
-    return str(body)[:500]
+            return str(error["message"])[:500]
+        for key in ("message", "detail"):
+            if key in parsed:
+                return str(parsed[key])[:500]
+    return str(parsed)[:500]

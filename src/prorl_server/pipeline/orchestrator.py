@@ -127,8 +127,10 @@ class Orchestrator:
                 'no LLM backend is registered; POST /add_llm_server {"address": "http://host:port/v1"} '
                 "or start the server with --llm-server URL"
             )
-        if healthy == 0:
-            raise NotAccepting(f"all {registered} LLM backends are unhealthy; see GET /llm_servers")
+        if healthy == 0:  # open circuits alone do not refuse jobs: their calls wait within the retry budget
+            raise NotAccepting(
+                f"all {registered} LLM backends are unhealthy (they fail their health checks); see GET /llm_servers"
+            )
         job = self._make_job(request, handler, data_source)
         with self._lock:
             if job.id in self._live:
@@ -209,6 +211,7 @@ class Orchestrator:
         else:
             stage = job.status.value
         result = self._result(job, JobStatus.CANCELLED, error=ErrorInfo(stage=stage, type=kind, message=message))
+        job.ctx.finish()  # before the job is terminal: every release from then on comes after the mark
         if not job.finish(result):
             return False
         self._store(job)
@@ -343,6 +346,7 @@ class Orchestrator:
         reward: float | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        job.ctx.finish()  # first: what a stage still running acquires after this release is released at once
         await job.ctx.release()
         result = self._result(job, status, error=error, reward=reward, details=details)
         if overrides(job.handler, "final_result"):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from prorl_server.protocol.bounded import JobId, TaskJson
 
 
 class JobStatus(StrEnum):
@@ -30,14 +31,15 @@ class ProcessRequest(BaseModel):
     `sampling_params` go to vLLM untouched, except the agent keys listed in
     `prorl_server.handlers.AGENT_CONFIG_KEYS` (for example `max_turns`), which go to the handler
     as `ctx.agent_config`. `agent_config` may also be given explicitly; it wins over those keys.
+    The three objects are free-form JSON within `bounded.TASK_JSON_LIMITS`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    instance: dict[str, Any] = Field(description="The task instance; must contain `data_source`.")
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
-    agent_config: dict[str, Any] = Field(default_factory=dict)
-    job_id: str | None = Field(default=None, min_length=1, max_length=256)
+    instance: TaskJson = Field(description="The task instance; must contain `data_source`.")
+    sampling_params: TaskJson = Field(default_factory=dict)
+    agent_config: TaskJson = Field(default_factory=dict)
+    job_id: JobId | None = None
     timeout: float | None = Field(
         default=None, gt=0, le=30 * 24 * 3600, description="Seconds of stage time (queues excluded)."
     )

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prorl_server.protocol.bounded import TagsJson
+
+WeightVersion = Annotated[str, Field(max_length=256)] | Annotated[int, Field(ge=-(2**63), lt=2**63)]
+"""A backend's weight version: a short string or a 64-bit integer (it is repeated in every turn record)."""
+
 
 class AddLLMServerRequest(BaseModel):
-    """Body of `POST /add_llm_server`."""
+    """Body of `POST /add_llm_server`; `tags` are free-form JSON within `bounded.TAGS_JSON_LIMITS`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    address: str = Field(description="OpenAI-compatible base URL, e.g. http://host:8000/v1")
-    weight_version: str | int | None = None
-    tags: dict[str, Any] = Field(default_factory=dict)
+    address: str = Field(max_length=2048, description="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    weight_version: WeightVersion | None = None
+    tags: TagsJson = Field(default_factory=dict)
 
     @field_validator("address")
     @classmethod
@@ -34,8 +39,17 @@ class LLMServerInfo(BaseModel):
     model: str | None = None
     assigned: int = Field(description="Jobs ever assigned to this backend since registration.")
     in_flight: int = Field(description="Jobs currently pinned to this backend.")
-    healthy: bool
+    healthy: bool = Field(description="Its last health check (GET /health) passed, or none has run yet.")
     last_error: str | None = None
+    circuit: Literal["closed", "open", "half_open"] = Field(
+        default="closed",
+        description="closed: takes requests; open: out of placement after failed requests; "
+        "half_open: one trial request at a time after a passing health check.",
+    )
+    consecutive_failures: int = Field(default=0, description="Failed requests since the last success.")
+    tokens_per_s: float | None = Field(
+        default=None, description="Measured output speed (moving average), which sets its stall timeout."
+    )
 
 
 class LLMServerList(BaseModel):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_server.protocol.bounded import JobId
+
+MAX_ACK_IDS = 1_000_000
+
 
 class CancelRequest(BaseModel):
     """Body of `POST /cancel`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str
+    job_id: JobId
 
 
 class AckRequest(BaseModel):
@@ -18,7 +22,7 @@ class AckRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_ids: list[str] = Field(default_factory=list)
+    job_ids: list[JobId] = Field(default_factory=list, max_length=MAX_ACK_IDS, fail_fast=True)
     through: int | None = Field(default=None, ge=0, description="Acknowledge every result up to this cursor.")
 
 

@@ -1,9 +1,11 @@
-"""Test doubles shipped with the package: a scripted vLLM-protocol backend and a way to run servers.
+"""Test doubles shipped with the package: a scripted vLLM-protocol backend (which can be told to misbehave)
+and a way to run servers.
 
 These are named as test doubles on purpose: they let tests and the pre-quickstart demo control exactly
 what "the model" says. They are not an LLM.
 """
 
+from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord
 from prorl_server.testing.scripted_backend import (
     ScriptedBackend,
     ScriptedReply,
@@ -13,6 +15,9 @@ from prorl_server.testing.scripted_backend import (
 from prorl_server.testing.uvicorn_thread import UvicornThread
 
 __all__ = [
+    "Endpoint",
+    "Fault",
+    "FaultRecord",
     "ScriptedBackend",
     "ScriptedReply",
     "ToyChatTokenizer",

@@ -3,7 +3,8 @@
 It returns token ids and logprobs the test controls (queue replies with `POST /script` or
 `ScriptedBackend.push`), records every request, and notices when a client disconnects mid-generation
 (as vLLM aborts the request then). Its tokenizer is a toy: ChatML specials are single ids, every other
-character is its code point + 10. Run it standalone with `python -m prorl_server.testing`.
+character is its code point + 10. Told to (`inject`), it misbehaves: hangs, fails, or answers malformed or
+oversized data (`misbehaving.py`). Run it standalone with `python -m prorl_server.testing`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord, misbehave
+
 MODEL_NAME = "scripted-test-double"
 
 
@@ -27,6 +30,7 @@ class ToyChatTokenizer:
 
     SPECIALS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     OFFSET = 10
+    VOCAB_SIZE = 0x110000 + OFFSET  # every code point has an id
 
     def __init__(self) -> None:
         self._by_id = {v: k for k, v in self.SPECIALS.items()}
@@ -80,21 +84,41 @@ class RequestRecord:
 
     prompt: list[int]
     params: dict[str, Any]
-    outcome: str = "running"  # running | done | aborted
+    outcome: str = "running"  # running | done | aborted | faulted (see fault_log)
     started: float = field(default_factory=time.monotonic)
 
 
 class ScriptedBackend:
     """State of the double: queued replies, request log, tokenizer."""
 
-    def __init__(self, *, legacy_token_strings: bool = False, default_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, *, legacy_token_strings: bool = False, default_delay_s: float = 0.0, report_vocab_size: bool = False
+    ) -> None:
         self.tokenizer = ToyChatTokenizer()
         self.legacy_token_strings = legacy_token_strings
         self.default_delay_s = default_delay_s
+        self.report_vocab_size = report_vocab_size  # as llama.cpp does (meta.n_vocab); vLLM does not
         self.replies: collections.deque[ScriptedReply] = collections.deque()
         self.requests: list[RequestRecord] = []
         self.healthy = True
+        self.faults: dict[Endpoint, collections.deque[Fault]] = collections.defaultdict(collections.deque)
+        self.fault_log: list[FaultRecord] = []
         self._lock = threading.Lock()
+
+    def inject(self, endpoint: Endpoint | str, *faults: Fault | str) -> None:
+        """Make the next requests to `endpoint` misbehave, one fault each, in order."""
+        with self._lock:
+            self.faults[Endpoint(endpoint)].extend(Fault(f) for f in faults)
+
+    def next_fault(self, endpoint: Endpoint) -> FaultRecord | None:
+        """The fault the current request to `endpoint` must commit (now logged), if any."""
+        with self._lock:
+            queue = self.faults[endpoint]
+            if not queue:
+                return None
+            record = FaultRecord(endpoint, queue.popleft())
+            self.fault_log.append(record)
+            return record
 
     def push(self, *replies: ScriptedReply | str) -> None:
         """Queue replies (a plain string is a `ScriptedReply(text=...)`)."""
@@ -135,16 +159,28 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         err_type = "BadRequestError" if status < 500 else "InternalServerError"
         return JSONResponse({"error": {"message": message, "type": err_type, "code": status}}, status_code=status)
 
+    async def answer(endpoint: Endpoint, body: dict[str, Any], request: Request, **context: Any) -> Any:
+        record = backend.next_fault(endpoint)
+        if record is None:
+            return body
+        vocab = tok.VOCAB_SIZE if backend.report_vocab_size else None
+        return await misbehave(record.fault, endpoint, body, request, record, vocab_size=vocab, **context)
+
     @app.get("/health")
-    async def health() -> JSONResponse:
-        return JSONResponse({}, status_code=200 if backend.healthy else 503)
+    async def health(request: Request) -> Any:
+        if not backend.healthy:
+            return JSONResponse({}, status_code=503)
+        return await answer(Endpoint.HEALTH, {}, request)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "max_model_len": 32768}]}
+    async def models(request: Request) -> Any:
+        card: dict[str, Any] = {"id": MODEL_NAME, "object": "model", "max_model_len": 32768}
+        if backend.report_vocab_size:
+            card["meta"] = {"n_vocab": tok.VOCAB_SIZE}
+        return await answer(Endpoint.MODELS, {"object": "list", "data": [card]}, request)
 
     @app.post("/tokenize")
-    async def tokenize(body: dict[str, Any]) -> Any:
+    async def tokenize(body: dict[str, Any], request: Request) -> Any:
         if "messages" in body:
             text = tok.render(body["messages"], bool(body.get("add_generation_prompt", True)))
         elif isinstance(body.get("prompt"), str):
@@ -152,11 +188,14 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         else:
             return error("tokenize needs 'prompt' (text) or 'messages'")
         ids = tok.encode(text)
-        return {"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None}
+        return await answer(
+            Endpoint.TOKENIZE, {"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None}, request
+        )
 
     @app.post("/detokenize")
-    async def detokenize(body: dict[str, Any]) -> Any:
-        return {"prompt": tok.decode([int(t) for t in body.get("tokens", [])])}
+    async def detokenize(body: dict[str, Any], request: Request) -> Any:
+        text = tok.decode([int(t) for t in body.get("tokens", [])])
+        return await answer(Endpoint.DETOKENIZE, {"prompt": text}, request)
 
     @app.post("/v1/completions")
     async def completions(body: dict[str, Any], request: Request) -> Any:
@@ -208,8 +247,9 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         if body.get("return_token_ids") and not backend.legacy_token_strings:
             choice["token_ids"] = ids
             choice["prompt_token_ids"] = prompt
-        record.outcome = "done"
-        return response
+        answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=body.get("max_tokens"))
+        record.outcome = "done" if answered is response else "faulted"  # a fault's fate is in fault_log
+        return answered
 
     @app.post("/script")
     async def script(replies: list[ScriptedReply]) -> dict[str, int]:

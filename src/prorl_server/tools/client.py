@@ -4,6 +4,10 @@ One `ToolClient` may be used from any thread and any running event loop, also co
 borrows an idle socket from a small pool (or connects, ~0.1 ms on a Unix socket) and does its
 request/response on the loop it runs on, so no connection is tied to a loop. Each call has a deadline a
 little past the action's own timeout, so a hung server never hangs the caller.
+
+The server runs inside the sandbox and is not trusted (responses.py): a response longer than the request
+allows, or not of the action's shape, is ToolError("ProtocolError") and its connection is closed; outputs
+and messages are capped here again.
 """
 
 from __future__ import annotations
@@ -14,14 +18,26 @@ import itertools
 import json
 import socket
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from prorl_server.tools.protocol import MAX_LINE
+from prorl_server.tools.responses import (
+    DEFAULT_MAX_OUTPUT,
+    FAILURE_ONLY,
+    MAX_TRACEBACK_CHARS,
+    RESPONSES,
+    ActionResponse,
+    CommandResponse,
+    FailureResponse,
+    cap,
+    describe,
+    max_output_of,
+    message_chars,
+    response_limit,
+)
 
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_OUTPUT = 64_000
 COMMAND_GRACE_S = 15.0  # past a bash/ipython timeout: interrupting, killing, restarting the shell
 KERNEL_START_S = 60.0  # extra for ipython: the first call starts the kernel
 REQUEST_TIMEOUT_S = 120.0  # deadline of the other actions (large uploads and downloads)
@@ -79,7 +95,7 @@ class ToolClient:
 
     async def ping(self) -> int:
         """The server's PID; raises ToolError("SandboxGone") when nothing answers on the socket."""
-        return (await self.request("ping"))["pid"]
+        return (await self.request("ping")).pid
 
     async def wait_ready(self, timeout: float = 30.0, poll_s: float = 0.005) -> int:
         """Ping until the server answers (returns its PID) or `timeout` passes (ToolError("Timeout"))."""
@@ -106,7 +122,7 @@ class ToolClient:
         response = await self.request(
             "bash", timeout + COMMAND_GRACE_S, command=command, timeout=timeout, max_output=max_output
         )
-        return CommandObservation.model_validate(response)
+        return _observation(CommandObservation, response, max_output)
 
     async def ipython(
         self, code: str, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT
@@ -115,34 +131,40 @@ class ToolClient:
         response = await self.request(
             "ipython", timeout + COMMAND_GRACE_S + KERNEL_START_S, code=code, timeout=timeout, max_output=max_output
         )
-        return IPythonObservation.model_validate(response)
+        return _observation(IPythonObservation, response, max_output, error_name=response.error_name)
 
     async def edit(self, command: str, path: str, **args: Any) -> EditObservation:
         """An editor command (view, create, str_replace, insert, undo_edit); a refused edit is data."""
         try:
             response = await self.request("edit", command=command, path=path, **args)
         except ToolError as exc:
-            if exc.error == "EditError":
+            if exc.error == "EditError":  # its message is already capped to max_output (message_chars)
                 return EditObservation(output=exc.message, success=False)
             raise
-        return EditObservation(output=response["output"])
+        return EditObservation(output=cap(response.output, max_output_of(args))[0])
 
     async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> str:
         """A text file's content; `offset` and `limit` select lines (0-based)."""
-        return (await self.request("read_file", path=path, offset=offset, limit=limit))["content"]
+        return (await self.request("read_file", path=path, offset=offset, limit=limit)).content
 
     async def write_file(self, path: str, content: str) -> int:
         """Write a text file (parent directories are created); returns the bytes written."""
-        return (await self.request("write_file", path=path, content=content))["bytes"]
+        return (await self.request("write_file", path=path, content=content)).written
 
     async def upload(self, path: str, data: bytes, mode: int | None = None) -> int:
         """Write bytes to a file, optionally chmod to `mode`; returns the bytes written."""
         encoded = base64.b64encode(data).decode("ascii")
-        return (await self.request("upload", path=path, data_b64=encoded, mode=mode))["bytes"]
+        return (await self.request("upload", path=path, data_b64=encoded, mode=mode)).written
 
     async def download(self, path: str) -> bytes:
         """A file's bytes."""
-        return base64.b64decode((await self.request("download", path=path))["data_b64"])
+        encoded = (await self.request("download", path=path)).data_b64
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except ValueError as exc:  # binascii.Error, or a non-ASCII character
+            raise ToolError(
+                "ProtocolError", f"download of {path} from {self.socket_path}: not base64 ({exc})"
+            ) from None
 
     async def shutdown(self) -> None:
         """Ask the server to stop (it kills its shell and kernel); a server already gone is fine."""
@@ -162,16 +184,19 @@ class ToolClient:
         for sock in idle:
             sock.close()
 
-    async def request(self, action: str, deadline_s: float | None = None, **args: Any) -> dict[str, Any]:
-        """Send one request and return the response fields; raises ToolError unless it is `ok`."""
+    async def request(self, action: str, deadline_s: float | None = None, **args: Any) -> Any:
+        """Send one request and return its response, validated (a model of responses.py); raises ToolError
+        unless it is `ok`, ToolError("ProtocolError") when the response breaks the protocol."""
         request_id = next(self._ids)
         payload = json.dumps({"id": request_id, "action": action, **args}, separators=(",", ":")).encode() + b"\n"
         deadline_s = self.request_timeout if deadline_s is None else deadline_s
+        limit = response_limit(action, args)
         sock: socket.socket | None = None
         try:
             async with asyncio.timeout(deadline_s):
                 sock = await self._borrow()
-                line = await self._roundtrip(sock, payload)
+                line = await self._roundtrip(sock, payload, action, limit)
+            response = self._parse(action, request_id, line)
         except TimeoutError:
             if sock is not None:
                 sock.close()
@@ -180,19 +205,33 @@ class ToolClient:
                 f"no response to {action} from {self.socket_path} within {deadline_s:g}s; the "
                 "execution server is hung or overloaded",
             ) from None
-        except BaseException:
+        except BaseException:  # a protocol error too: what is left on the connection cannot be trusted
             if sock is not None:
                 sock.close()
             raise
         self._give_back(sock)
+        if isinstance(response, FailureResponse):
+            traceback = None if response.traceback is None else cap(response.traceback, MAX_TRACEBACK_CHARS)[0]
+            raise ToolError(response.error, cap(response.message, message_chars(action, args))[0], traceback)
+        return response
+
+    def _parse(self, action: str, request_id: int, line: bytearray) -> ActionResponse | FailureResponse:
+        """The response line as the action's model; ToolError("ProtocolError") for anything else."""
         try:
-            response = json.loads(line)
-        except ValueError as exc:
-            raise ToolError("ProtocolError", f"response to {action} is not JSON: {exc}") from None
-        if response.get("id") != request_id:
-            raise ToolError("ProtocolError", f"response id {response.get('id')!r} for request {request_id}")
-        if not response.pop("ok", False):
-            raise ToolError(response.get("error", "Error"), response.get("message", ""), response.get("traceback"))
+            response = RESPONSES.get(action, FAILURE_ONLY).validate_json(line)
+        except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
+            reason = describe(exc) if isinstance(exc, ValidationError) else type(exc).__name__
+            raise ToolError(
+                "ProtocolError",
+                f"the execution server at {self.socket_path} answered {action} with a response that breaks "
+                f"the protocol ({reason}); the connection was closed",
+            ) from None
+        if response.id != request_id:
+            raise ToolError(
+                "ProtocolError",
+                f"the execution server at {self.socket_path} answered request {request_id} ({action}) with "
+                f"the id {response.id}; the connection was closed",
+            )
         return response
 
     async def _borrow(self) -> socket.socket:
@@ -221,24 +260,45 @@ class ToolClient:
                 return
         sock.close()
 
-    async def _roundtrip(self, sock: socket.socket, payload: bytes) -> bytes:
-        """Send a request line and read the response line on the running loop."""
+    async def _roundtrip(self, sock: socket.socket, payload: bytes, action: str, limit: int) -> bytearray:
+        """Send a request line and read the response line, of at most `limit` bytes, on the running loop."""
         loop = asyncio.get_running_loop()
         try:
             await loop.sock_sendall(sock, payload)
             buffer = bytearray()
             while True:
-                chunk = await loop.sock_recv(sock, RECV_SIZE)
+                chunk = await loop.sock_recv(sock, min(RECV_SIZE, limit + 1 - len(buffer)))
                 if not chunk:
                     raise ConnectionResetError("connection closed by the server")
                 buffer += chunk
+                if len(buffer) > limit:
+                    raise ToolError(
+                        "ProtocolError",
+                        f"the execution server at {self.socket_path} sent more than {limit} bytes in answer to "
+                        f"{action}, more than the request allows (its outputs are capped); the connection was "
+                        "closed",
+                    )
                 if chunk.endswith(b"\n"):
-                    return bytes(buffer)
-                if len(buffer) > MAX_LINE:
-                    raise ToolError("ProtocolError", f"response longer than {MAX_LINE} bytes")
+                    return buffer
         except OSError as exc:
             raise ToolError(
                 "SandboxGone",
                 f"the execution server at {self.socket_path} went away mid-request ({exc}); "
                 "the sandbox was closed or crashed",
             ) from None
+
+
+Observation = TypeVar("Observation", bound=CommandObservation)
+
+
+def _observation(kind: type[Observation], response: CommandResponse, max_output: int, **extra: Any) -> Observation:
+    """A command observation whose output is capped host-side to `max_output`, whatever the server sent."""
+    output, cut = cap(response.output, max(max_output, 0))
+    return kind(
+        output=output,
+        exit_code=response.exit_code,
+        timed_out=response.timed_out,
+        truncated=response.truncated or cut,
+        duration_s=response.duration_s,
+        **extra,
+    )

@@ -79,7 +79,13 @@ class Editor:
         self.lock = threading.Lock()
 
     def run(self, command: str, path: str, max_output: int = 64_000, **args: object) -> dict[str, str]:
-        """Perform one editor command; returns {"output": text} or raises EditError."""
+        """Perform one editor command; returns {"output": text} or raises EditError (its message capped too)."""
+        try:
+            return self._run(command, path, max_output, args)
+        except EditError as exc:  # a refusal the agent reads is capped like any output (the host checks it)
+            raise EditError(cap_text(str(exc), "", 0, max_output)[0]) from None
+
+    def _run(self, command: str, path: str, max_output: int, args: dict[str, object]) -> dict[str, str]:
         if command not in COMMANDS:
             raise EditError(f"Unrecognized command {command}. The allowed commands are: {', '.join(COMMANDS)}.")
         full = os.path.normpath(os.path.join(self.workdir, os.path.expanduser(path)))

@@ -1,0 +1,47 @@
+"""API-key access control: a pure ASGI middleware (no per-request task or body copy)."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+OPEN_PATH = "/health"
+"""The one path answered without the key (GET and HEAD), so supervisors can probe liveness."""
+
+
+class ApiKeyMiddleware:
+    """Require `Authorization: Bearer <key>` on every request but `GET /health` (401 otherwise).
+
+    The presented key is compared with `hmac.compare_digest`, in time independent of where it differs.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or self._authorized(scope):
+            await self.app(scope, receive, send)
+        else:  # HTTP, or a WebSocket handshake (denied with the same answer)
+            await _UNAUTHORIZED(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if scope["path"] == OPEN_PATH and scope.get("method") in ("GET", "HEAD"):
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        return False
+
+
+_UNAUTHORIZED = JSONResponse(
+    {
+        "detail": "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was "
+        "started with ($PRORL_API_KEY or --api-key)"
+    },
+    status_code=401,
+    headers={"WWW-Authenticate": "Bearer"},
+)
