@@ -121,6 +121,18 @@ async def test_writes_go_only_to_workspace_tmp_and_rw_binds(isolated, tmp_path):
     assert (rw / "c").exists() and not list(ro.iterdir())
 
 
+async def test_binds_deep_inside_the_sandboxes_own_mounts_are_reachable(isolated, tmp_path):
+    """The directories on the way to a bind are passable by the sandbox's user (a root server's bwrap would
+    make them 0700 for root: a Python or a repository under /tmp would be out of reach)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "hello.txt").write_text("hello")
+    data.chmod(0o755)
+    sandbox = await isolated.start(binds=[Bind(source=str(data), target="/tmp/deep/er/data")])
+    out = await sandbox.bash("cat /tmp/deep/er/data/hello.txt; echo; ls /tmp/deep/er")
+    assert out.output.split() == ["hello", "data"], out.output
+
+
 async def test_sandboxes_do_not_share_workspace_tmp_or_processes(isolated):
     one, two = await isolated.start(), await isolated.start()
     await one.bash("echo mine > /workspace/f; echo mine > /tmp/g; echo mine > /dev/shm/h; sleep 300 &")

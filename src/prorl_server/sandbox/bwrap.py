@@ -96,13 +96,15 @@ class _MountPoints:
     """Mount points of one sandbox, and the directories leading to them.
 
     A privileged (root) bwrap makes missing directories on the way to a mount point with mode 0700, which the
-    sandbox's unprivileged user could not pass: with `enabled`, those are made first with mode 0755.
+    sandbox's unprivileged user could not pass: with `enabled`, those are made first with mode 0755. Inside
+    a bind of the host or the image nothing is made (it is there already, or not ours to make); inside the
+    sandbox's own tmpfs mounts (a Python under /tmp, say) the missing directories are made as anywhere else.
     """
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._mounted: set[str] = {"/"}
-        self._made: set[str] = set()
+        self._bound: set[str] = set()
+        self._made: set[str] = {"/"}
 
     def mount(self, option: str, *operands: str) -> list[str]:
         """`option` with its operands, the last being the mount point, preceded by its missing parents."""
@@ -111,17 +113,17 @@ class _MountPoints:
         if self.enabled:
             for parent in reversed(PurePosixPath(target).parents):
                 name = str(parent)
-                if name in self._mounted and name != "/":
-                    break  # inside another mount: there already, or not ours to make
-                if name not in self._made and name != "/":
+                if name in self._bound:
+                    break
+                if name not in self._made:
                     args += ["--perms", "0755", "--dir", name]
                     self._made.add(name)
-        self._mounted.add(target)
+        (self._made if option == "--tmpfs" else self._bound).add(target)
         return [*args, option, *operands]
 
     def mark(self, *targets: str) -> None:
-        """Record mount points made by options that did not go through `mount`."""
-        self._mounted.update(targets)
+        """Record binds made by options that did not go through `mount`."""
+        self._bound.update(targets)
 
 
 def _seccomp_fd() -> int | None:
