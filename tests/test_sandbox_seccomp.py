@@ -21,7 +21,21 @@ pytestmark = pytest.mark.skipif(seccomp.unavailable_reason() is not None, reason
 
 ARCH = platform.machine()
 BWRAP = ["--unshare-user", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent"]
-BWRAP += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+BWRAP += [
+    "--ro-bind",
+    "/",
+    "/",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/dev/shm",
+    "--setenv",
+    "TMPDIR",
+    "/dev/shm",
+]
+# (not a tmpfs over /tmp: the Python running the tests may live there)
 
 # Runs in the child with the syscall table as argv[1]; prints {probe: errno or 0} as JSON. Each denied call
 # has arguments that make it fail harmlessly (or act on the child alone) should the filter be missing, even
