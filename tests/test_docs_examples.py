@@ -3,6 +3,7 @@ bubblewrap sandbox and the scripted test double (which plays the model)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 
 from prorl_server.sandbox.registry import unavailable_reason
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "handlers.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+GUIDE = DOCS / "handlers.md"
 
 
 def section_code(title: str) -> str:
@@ -38,3 +40,12 @@ def test_the_agent_loop_example_of_the_guide_runs(start_server, backend, answer,
     assert result["status"] == "completed" and result["reward"] == reward, result
     tool_messages = [m["content"] for m in result["trajectory"]["messages"] if m["role"] == "tool"]
     assert tool_messages == ["5\n"]
+
+
+@pytest.mark.skipif(unavailable_reason("bwrap") is not None, reason=f"bwrap: {unavailable_reason('bwrap')}")
+async def test_the_sandbox_example_of_the_sandbox_guide_runs(capsys):
+    """docs/sandboxes.md's first block, as written (top-level await), against the runtime it picks here."""
+    text = (DOCS / "sandboxes.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
+    await eval(compile(code, "docs/sandboxes.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), {})
+    assert "Linux" in capsys.readouterr().out

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
-
-API_KEY_ENV = "PRORL_API_KEY"
+from prorl_server.protocol.server import API_KEY_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ import pytest
 from prorl_server import AgentHandler, JobContext
 from prorl_server.handlers import JobFinished
 from prorl_server.llm import BackendPool, LLMSession, VLLMClient
+from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.protocol import Trajectory
 from prorl_server.sandbox import SandboxManager, make_runtime
 from prorl_server.sandbox.reaper import tagged_processes
@@ -204,12 +205,11 @@ async def test_on_release_after_the_end_runs_at_once() -> None:
 
 
 def test_on_release_after_the_end_from_a_worker_thread_waits_for_the_cleanup() -> None:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="test-stage-loop")
-    thread.start()
+    stage = LoopThread("test-stage-loop")
+    stage.start()
     try:
         ctx = context()
-        ctx._loop = loop
+        ctx._loop = loop = stage.loop
         ctx.finish()
         ran_on: list[asyncio.AbstractEventLoop] = []
 
@@ -220,18 +220,15 @@ def test_on_release_after_the_end_from_a_worker_thread_waits_for_the_cleanup() -
         ctx.on_release(cleanup)  # this thread has no loop: run on the stage's and waited for
         assert ran_on == [loop]
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        stage.stop()
 
 
 def test_a_pending_wait_is_cancelled_at_the_end() -> None:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="test-stage-loop")
-    thread.start()
+    stage = LoopThread("test-stage-loop")
+    stage.start()
     try:
         ctx = context()
-        ctx._loop = loop
+        ctx._loop = stage.loop
         cancelled = threading.Event()
         started = threading.Event()
 
@@ -266,6 +263,4 @@ def test_a_pending_wait_is_cancelled_at_the_end() -> None:
 
         assert ctx.wait(answer(), timeout=10) == 42
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        stage.stop()

@@ -29,7 +29,7 @@ from types import FrameType, TracebackType
 
 import httpx
 
-from prorl_server.cli import API_KEY_ENV
+from prorl_server.protocol.server import API_KEY_ENV
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0

@@ -102,17 +102,7 @@ class LLMSession:
         """Set the prompt: the chat template of `messages` with the generation prompt; returns its ids."""
         if self.trajectory.prompt_ids or self.trajectory.response_ids:
             raise RuntimeError("LLMSession.start() was already called for this job")
-        ids = await self._with_backend(
-            lambda b: self.pool.client.tokenize_messages(
-                b.address,
-                b.model,
-                messages,
-                add_generation_prompt=True,
-                tools=tools,
-                vocab_size=b.vocab_size,
-                timeout_s=self.pool.short_call_timeout,
-            )
-        )
+        ids = await self._with_backend(lambda b: self._tokenize_messages(b, messages, True, tools))
         self.trajectory.prompt_ids = ids
         self.trajectory.messages.extend(messages)
         return ids
@@ -142,8 +132,8 @@ class LLMSession:
                 backend.model,
                 prompt,
                 params,
+                max_new_tokens=max_new,
                 vocab_size=backend.vocab_size,
-                max_model_len=backend.max_model_len,
                 timeout_s=self.pool.completion_timeout(backend, max_new),
             )
             self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
@@ -177,16 +167,7 @@ class LLMSession:
                 "add_messages() appends observations after a generated turn; put the first messages in start(messages)"
             )
         shape = await self._template_shape()
-        full = await self._with_backend(
-            lambda b: self.pool.client.tokenize_messages(
-                b.address,
-                b.model,
-                [*_BASE, *messages],
-                add_generation_prompt=True,
-                vocab_size=b.vocab_size,
-                timeout_s=self.pool.short_call_timeout,
-            )
-        )
+        full = await self._with_backend(lambda b: self._tokenize_messages(b, [*_BASE, *messages], True))
         if full[: len(shape.base_ids)] != shape.base_ids:
             raise ChatTemplateError(
                 "the backend's chat template renders earlier messages differently once new ones are "
@@ -249,29 +230,32 @@ class LLMSession:
         async def probe(backend: Backend) -> TemplateShape:
             shape = self.pool.cached(backend, "template_shape")
             if shape is None:
-                client, vocab, timeout = self.pool.client, backend.vocab_size, self.pool.short_call_timeout
-                base = await client.tokenize_messages(
-                    backend.address,
-                    backend.model,
-                    _BASE,
-                    add_generation_prompt=False,
-                    vocab_size=vocab,
-                    timeout_s=timeout,
-                )
-                other = await client.tokenize_messages(
-                    backend.address,
-                    backend.model,
-                    _BASE_OTHER,
-                    add_generation_prompt=False,
-                    vocab_size=vocab,
-                    timeout_s=timeout,
-                )
+                base = await self._tokenize_messages(backend, _BASE, False)
+                other = await self._tokenize_messages(backend, _BASE_OTHER, False)
                 close_len = _common_suffix_len(base, other)
                 shape = TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
                 self.pool.cache(backend, "template_shape", shape)
             return shape
 
         return await self._with_backend(probe)
+
+    def _tokenize_messages(
+        self,
+        backend: Backend,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Awaitable[list[int]]:
+        """The backend's chat template of `messages`, as ids checked against its vocabulary."""
+        return self.pool.client.tokenize_messages(
+            backend.address,
+            backend.model,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            vocab_size=backend.vocab_size,
+            timeout_s=self.pool.short_call_timeout,
+        )
 
     async def _with_backend(self, call: Callable[[Backend], Awaitable[T]]) -> T:
         result, _ = await self._with_backend_pair(call)

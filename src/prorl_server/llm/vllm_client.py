@@ -107,23 +107,25 @@ class VLLMClient:
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
         *,
+        max_new_tokens: int | None = None,
         vocab_size: int | None = None,
-        max_model_len: int | None = None,
         timeout_s: float | None = None,
     ) -> Completion:
         """Generate from token ids; returns the sampled ids and their logprobs exactly as the engine sent them.
 
-        The answer is refused (BackendProtocolError) when it is larger than `max_tokens` can need or
+        `max_new_tokens`: the most the request may return (default: `max_tokens` of the sampling params, see
+        response_limits.requested_tokens). The answer is refused (BackendProtocolError) when it is larger than that can need or
         carries more ids, ids outside `vocab_size`, or logprobs that are not finite and <= 0.
         """
         payload: dict[str, Any] = dict(sampling_params)
         payload.update(prompt=prompt_ids, return_token_ids=True, logprobs=0, stream=False, n=1)
         if model is not None:
             payload["model"] = model
-        max_new = limits.requested_tokens(sampling_params, len(prompt_ids), max_model_len)
-        limit = limits.completion_bytes(max_new, len(prompt_ids))
+        if max_new_tokens is None:
+            max_new_tokens = limits.requested_tokens(sampling_params, len(prompt_ids), None)
+        limit = limits.completion_bytes(max_new_tokens, len(prompt_ids))
         body = await self._call("POST", f"{address.rstrip('/')}/completions", _json(payload), limit, timeout_s)
-        return parse_completion(body, max_tokens=max_new, vocab_size=vocab_size)
+        return parse_completion(body, max_tokens=max_new_tokens, vocab_size=vocab_size)
 
     async def tokenize_messages(
         self,

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_server.protocol.bounded import JobId
 
 MAX_ACK_IDS = 1_000_000
+API_KEY_ENV = "PRORL_API_KEY"  # the API key, for the server and the clients that send it
 
 
 class CancelRequest(BaseModel):

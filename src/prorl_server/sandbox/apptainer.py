@@ -264,11 +264,10 @@ class ApptainerRuntime(ProcessRuntime):
         env.update({f"APPTAINERENV_{k}": env_value(v) for k, v in inside.items()})
         return env
 
-    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None) -> Command:
         """apptainer exec of the rlimit bootstrap that runs the execution server."""
         # HOME through env(1): apptainer refuses to set it from APPTAINERENV_HOME, and --home under --security
         args = self.apptainer_args(spec, slot.directory)
         argv = [*args, "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
-        landlock_fd = self.landlock_fd(spec)
         fds = () if landlock_fd is None else (landlock_fd,)
         return Command(argv, self.environment(spec, slot, address, landlock_fd), slot.directory, pass_fds=fds)

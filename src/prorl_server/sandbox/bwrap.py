@@ -251,14 +251,13 @@ class BwrapRuntime(ProcessRuntime):
             paths.append("/var/tmp")
         return paths
 
-    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None) -> Command:
         """The whole command without a launcher: bwrap, its options, the bootstrap."""
         python = sys.executable if spec.image is None else "python3"
         command = Command([], sandbox_env(self.owner, slot.sandbox_id, {}))
         seccomp_fd = _seccomp_fd()
         if seccomp_fd is not None:
             command.owned_fds.append(seccomp_fd)
-        landlock_fd = self.landlock_fd(spec)
         command.pass_fds = tuple(fd for fd in (seccomp_fd, landlock_fd) if fd is not None)
         try:
             options = self.options(spec, address, slot, seccomp_fd, landlock_fd)
@@ -339,10 +338,12 @@ class BwrapRuntime(ProcessRuntime):
             if not keep:
                 launcher.discard()
 
-    def launch(self, spec: SandboxSpec, address: str | None) -> tuple[Slot, subprocess.Popen[bytes]]:
+    def launch(
+        self, spec: SandboxSpec, address: str | None, landlock_fd: int | None
+    ) -> tuple[Slot, subprocess.Popen[bytes]]:
         """Hand a launcher its options (after writing the spec's cgroup limits), then refill the pool soon."""
-        if not self.prewarm or self.landlock_fd(spec) is not None:  # a launcher has no ruleset descriptor
-            return super().launch(spec, address)
+        if not self.prewarm or landlock_fd is not None:  # a launcher has no ruleset descriptor
+            return super().launch(spec, address, landlock_fd)
         python = sys.executable if spec.image is None else "python3"
         launcher = self._take(python)
         try:

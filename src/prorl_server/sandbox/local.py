@@ -43,7 +43,7 @@ class LocalRuntime(ProcessRuntime):
         """Always available."""
         return None
 
-    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None) -> Command:
         """The rlimit bootstrap that runs the execution server, in the private workspace."""
         workdir = slot.directory / "workspace"
         extra = {"HOME": str(workdir), "TMPDIR": str(slot.directory / "tmp")}

@@ -12,6 +12,7 @@ warning and lets such sandboxes start unguarded.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -57,7 +58,7 @@ class NetworkGuard:
         denied = self.denied_ports(spec)
         if not denied:
             return None
-        reason = landlock.unavailable_reason()
+        reason = self._unavailable
         if reason is not None:
             with self._lock:
                 warn, self._warned = not self._warned, True
@@ -70,6 +71,11 @@ class NetworkGuard:
                 )
             return None
         return self._rulesets.fd_for(denied)
+
+    @functools.cached_property
+    def _unavailable(self) -> str | None:
+        """Why this kernel cannot enforce the rulesets (asked once), or None."""
+        return landlock.unavailable_reason()
 
     def close(self) -> None:
         """Close the rulesets (call when no sandbox is starting); they are built again when needed."""

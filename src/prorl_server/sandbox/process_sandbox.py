@@ -426,8 +426,9 @@ class ProcessRuntime(Runtime):
         self._lock = threading.Lock()
 
     def landlock_fd(self, spec: SandboxSpec) -> int | None:
-        """The Landlock ruleset `spec`'s sandbox restricts itself to (the guard's; None: none)."""
-        if not self.confines or self.network_guard is None:
+        """The Landlock ruleset `spec`'s sandbox restricts itself to (the guard's; None: none). Blocking the
+        first time for a set of ports (~0.1 s): `start` calls it off the event loop."""
+        if not self.confines or self.network_guard is None or spec.network == "none":
             return None
         return self.network_guard.ruleset_fd(spec)
 
@@ -436,16 +437,19 @@ class ProcessRuntime(Runtime):
         return new_slot(self.base_dir, self.owner, self.cgroups, self.subdirs)
 
     @abstractmethod
-    def command(self, spec: SandboxSpec, slot: Slot, address: str | None) -> Command:
-        """How to start a sandbox's top process, given its slot (id, private directory, listening socket)."""
+    def command(self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None) -> Command:
+        """How to start a sandbox's top process, given its slot (id, private directory, listening socket) and
+        the Landlock ruleset it restricts itself to (None: none)."""
 
-    def launch(self, spec: SandboxSpec, address: str | None) -> tuple[Slot, subprocess.Popen[bytes]]:
+    def launch(
+        self, spec: SandboxSpec, address: str | None, landlock_fd: int | None
+    ) -> tuple[Slot, subprocess.Popen[bytes]]:
         """Start a sandbox's top process in fresh cgroups with the spec's limits (cleaned up if that fails)."""
         slot = self.new_slot()
         command: Command | None = None
         try:
             slot.cgroup.apply(spec.limits)
-            command = self.command(spec, slot, address)
+            command = self.command(spec, slot, address, landlock_fd)
             argv = join_cgroups_argv(slot.cgroup.procs_files, command.argv)
             popen = spawn(argv, command.env, slot, command.cwd, command.pass_fds)
         except BaseException:
@@ -472,11 +476,11 @@ class ProcessRuntime(Runtime):
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox and return once its execution server answers (at once with `tools=False`)."""
-        if spec.network != "none":  # build the guard's ruleset off the event loop (once per set of ports)
-            await asyncio.to_thread(self.landlock_fd, spec)
+        # a network namespace of its own needs no ruleset; one is built off the event loop, once per set of ports
+        landlock_fd = None if spec.network == "none" else await asyncio.to_thread(self.landlock_fd, spec)
         address = self.loopback.allocate() if spec.network == "loopback" else None
         try:
-            slot, popen = self.launch(spec, address)
+            slot, popen = self.launch(spec, address, landlock_fd)
         except BaseException:
             if address is not None:
                 self.loopback.release(address)

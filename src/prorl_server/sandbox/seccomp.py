@@ -98,6 +98,22 @@ NOT_IMPLEMENTED = ("clone3",)  # answered ENOSYS (see the module docstring)
 # Per architecture: AUDIT_ARCH, and the numbers of the system calls above that exist there (vm86 and the
 # pciconfig calls exist on neither; the obsolete calls not in the aarch64 generic table are skipped).
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# Calls added since Linux 5.1 have one number on every architecture (include/uapi/asm-generic/unistd.h)
+_SHARED = {
+    "quotactl_fd": 443,
+    "move_mount": 429,
+    "open_tree": 428,
+    "open_tree_attr": 467,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "clone3": 435,
+}
 _NUMBERS = {
     # arch/x86/entry/syscalls/syscall_64.tbl
     "x86_64": {
@@ -112,7 +128,6 @@ _NUMBERS = {
         "acct": 163,
         "syslog": 103,
         "quotactl": 179,
-        "quotactl_fd": 443,
         "settimeofday": 164,
         "clock_settime": 227,
         "clock_adjtime": 305,
@@ -123,14 +138,6 @@ _NUMBERS = {
         "mount": 165,
         "umount2": 166,
         "pivot_root": 155,
-        "move_mount": 429,
-        "open_tree": 428,
-        "open_tree_attr": 467,
-        "fsopen": 430,
-        "fsconfig": 431,
-        "fsmount": 432,
-        "fspick": 433,
-        "mount_setattr": 442,
         "setns": 308,
         "unshare": 272,
         "bpf": 321,
@@ -139,9 +146,6 @@ _NUMBERS = {
         "keyctl": 250,
         "add_key": 248,
         "request_key": 249,
-        "io_uring_setup": 425,
-        "io_uring_enter": 426,
-        "io_uring_register": 427,
         "open_by_handle_at": 304,
         "name_to_handle_at": 303,
         "lookup_dcookie": 212,
@@ -159,7 +163,7 @@ _NUMBERS = {
         "sendmsg": 46,
         "sendmmsg": 307,
         "clone": 56,
-        "clone3": 435,
+        **_SHARED,
     },
     # include/uapi/asm-generic/unistd.h
     "aarch64": {
@@ -174,7 +178,6 @@ _NUMBERS = {
         "acct": 89,
         "syslog": 116,
         "quotactl": 60,
-        "quotactl_fd": 443,
         "settimeofday": 170,
         "clock_settime": 112,
         "clock_adjtime": 266,
@@ -183,14 +186,6 @@ _NUMBERS = {
         "mount": 40,
         "umount2": 39,
         "pivot_root": 41,
-        "move_mount": 429,
-        "open_tree": 428,
-        "open_tree_attr": 467,
-        "fsopen": 430,
-        "fsconfig": 431,
-        "fsmount": 432,
-        "fspick": 433,
-        "mount_setattr": 442,
         "setns": 268,
         "unshare": 97,
         "bpf": 280,
@@ -199,9 +194,6 @@ _NUMBERS = {
         "keyctl": 219,
         "add_key": 217,
         "request_key": 218,
-        "io_uring_setup": 425,
-        "io_uring_enter": 426,
-        "io_uring_register": 427,
         "open_by_handle_at": 265,
         "name_to_handle_at": 264,
         "lookup_dcookie": 18,
@@ -212,7 +204,7 @@ _NUMBERS = {
         "sendmsg": 211,
         "sendmmsg": 269,
         "clone": 220,
-        "clone3": 435,
+        **_SHARED,
     },
 }
 

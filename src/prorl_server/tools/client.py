@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from prorl_server.tools.protocol import DEFAULT_MAX_OUTPUT
 from prorl_server.tools.responses import (
-    DEFAULT_MAX_OUTPUT,
     FAILURE_ONLY,
     MAX_TRACEBACK_CHARS,
     RESPONSES,

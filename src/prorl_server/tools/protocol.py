@@ -53,4 +53,5 @@ from __future__ import annotations
 SOCKET_NAME = "tools.sock"
 ENV_OWNER = "PRORL_SANDBOX_OWNER"  # carried by every process a sandbox starts; the reaper looks for it
 ENV_SANDBOX_ID = "PRORL_SANDBOX_ID"
+DEFAULT_MAX_OUTPUT = 64_000  # characters of a bash, ipython or edit output unless the request says
 MAX_LINE = 64 * 1024 * 1024  # bytes in one JSON line (uploads are base64 in one line)

@@ -14,9 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from prorl_server.tools.output import cap_text, truncation_marker
-from prorl_server.tools.protocol import MAX_LINE
+from prorl_server.tools.protocol import DEFAULT_MAX_OUTPUT, MAX_LINE
 
-DEFAULT_MAX_OUTPUT = 64_000  # the server's default for bash, ipython and edit
 JSON_BYTES_PER_CHAR = 12  # ASCII JSON: a character outside the BMP is two \uXXXX escapes
 FIXED_ROOM = 64 * 1024  # bytes for the fields around an output, a server traceback, the working directory
 # Characters an output may have past `max_output`: the truncation marker and the server's own notes after

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from prorl_server.tools import wire
-from prorl_server.tools.protocol import MAX_LINE
+from prorl_server.tools.protocol import DEFAULT_MAX_OUTPUT, MAX_LINE
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: the server imports nothing it does not need at startup
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 REQUIRED = object()  # marks an argument without default in ARGUMENTS
 DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_OUTPUT = 64_000
 NUMBER = (int, float)
 # Arguments each action takes: name -> (accepted types, default).
 ARGUMENTS: dict[str, dict[str, tuple[tuple[type, ...], object]]] = {
