@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
     add_build_image(sub)
     add_dev_llm(sub)
+    add_vllm(sub)
     return parser
 
 
@@ -107,6 +108,14 @@ def add_dev_llm(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(dev_llm)
+
+
+def add_vllm(sub: argparse._SubParsersAction) -> None:
+    """The `vllm` subcommand: start, stop or check the real vLLM (CPU build) set up by scripts/setup-vllm.sh."""
+    from prorl_server.vllm_cpu.cli import add_arguments
+
+    vllm = sub.add_parser("vllm", help="start or stop the real vLLM on this CPU (after scripts/setup-vllm.sh)")
+    add_arguments(vllm)
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
@@ -249,6 +258,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.devllm.cli import run_from_args
 
         run_from_args(args)
+    elif args.command == "vllm":
+        from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
+
+        run_vllm(args)
 
 
 if __name__ == "__main__":

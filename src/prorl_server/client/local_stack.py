@@ -1,14 +1,15 @@
-"""Run a dev engine and a prorl-server as child processes on this machine, and stop them by PID.
+"""Run an LLM engine (the dev engine or the real vLLM) and a prorl-server as child processes on this machine, and stop them by PID.
 
 For scripts, examples and benchmarks that need the whole stack locally::
 
     with LocalStack(log_dir) as stack:
-        llm = stack.dev_llm()                       # http://127.0.0.1:P/v1
+        llm = stack.dev_llm()                       # http://127.0.0.1:P/v1 (or stack.vllm())
         server = stack.server("--llm-server", llm)  # http://127.0.0.1:Q
         ...
 
 Each child runs in its own session (Ctrl-C reaches only this process, which stops them). Leaving the
-block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL after a grace period.
+block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL to what is left of its
+process group after it exits or after a grace period.
 
 Children inherit the environment: with `$PRORL_API_KEY` set, the server requires that key, and
 `auth_headers()` gives the header a client sends with it.
@@ -24,12 +25,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType, TracebackType
 
 import httpx
 
 from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.vllm_cpu.install import VllmCpuInstall
+from prorl_server.vllm_cpu.launcher import READY_TIMEOUT_S as VLLM_READY_TIMEOUT_S
+from prorl_server.vllm_cpu.launcher import VllmCpuSettings, stop_session, vllm_command, vllm_environment
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
@@ -64,10 +69,17 @@ class LocalStack:
         self.stop()
         signal.signal(signal.SIGTERM, self._previous_sigterm or signal.SIG_DFL)
 
-    def launch(self, name: str, argv: list[str], health_url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    def launch(
+        self,
+        name: str,
+        argv: list[str],
+        health_url: str,
+        timeout_s: float = READY_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Start `argv` (output to `<log_dir>/<name>.log`) and wait until `health_url` answers 200."""
         with (self.log_dir / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.procs.append(proc)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -88,6 +100,15 @@ class LocalStack:
         self.launch("dev_llm", argv, f"http://127.0.0.1:{port}/health")
         return f"http://127.0.0.1:{port}/v1"
 
+    def vllm(self, settings: VllmCpuSettings | None = None) -> str:
+        """Start the real vLLM (CPU build, from `scripts/setup-vllm.sh`) on a free port; returns its `/v1`
+        address. VllmNotInstalled says what to run when it is not set up."""
+        settings = replace(settings or VllmCpuSettings(), port=free_port())
+        argv = vllm_command(VllmCpuInstall.default().require(), settings)
+        base = settings.address.removesuffix("/v1")
+        self.launch("vllm", argv, f"{base}/health", VLLM_READY_TIMEOUT_S, env=vllm_environment(settings))
+        return settings.address
+
     def server(self, *options: str) -> str:
         """Start `prorl-server serve` (extra options passed on); returns its address."""
         port = free_port()
@@ -101,15 +122,11 @@ class LocalStack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def stop(self) -> None:
-        """SIGTERM each child by PID, newest first; SIGKILL what is still there after the grace period."""
+        """SIGTERM each child by PID, newest first; after it exits (or the grace period) SIGKILL what is left
+        of its process group (a child's own children, such as vLLM's engine process)."""
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_session(proc.pid, lambda proc=proc: proc.poll() is not None, STOP_GRACE_S)
+            proc.wait()
 
 
 def run_with_stack(prefix: str, demo: Callable[[LocalStack], int]) -> int:
