@@ -41,7 +41,8 @@ def dev_llm() -> Iterator[DevLLM]:
     from prorl_server.devllm import DevEngine, DevLLMSettings, create_app
 
     engine = DevEngine(DevLLMSettings(slots=2, n_ctx=N_CTX, debug_sampled=1000))
-    server = UvicornThread(create_app(engine)).start()
+    # a session-long thread: named so the per-test thread-leak check does not count it
+    server = UvicornThread(create_app(engine), thread_name="session-dev-llm").start()
     yield DevLLM(engine, server)
     server.stop()
     engine.close()

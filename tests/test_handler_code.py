@@ -11,7 +11,7 @@ from trajectory_checks import assert_model_tokens_masked, assert_turns_match_eng
 
 from prorl_server.sandbox.registry import unavailable_reason
 
-pytest_plugins = ("sandbox_fixtures", "devllm_fixtures")
+pytest_plugins = ("sandbox_fixtures", "engine_fixtures")
 pytestmark = pytest.mark.skipif(unavailable_reason("bwrap") is not None, reason=f"bwrap: {unavailable_reason('bwrap')}")
 
 ADD = {
@@ -155,8 +155,8 @@ async def test_every_shipped_problem_passes_with_its_reference_and_not_with_a_co
         assert not all(same_output("", t["stdout"]) for t in tests), problem["id"]
 
 
-def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, dev_llm):
-    server = start_server([dev_llm.address], handlers={"code": CodeHandler()}, runtime="bwrap")
+def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, engine):
+    server = start_server([engine.address], handlers={"code": CodeHandler()}, runtime="bwrap")
     result = process(server, load_problems()[0], max_tokens=48, max_turns=2, temperature=1.0, seed=7)
 
     assert result["status"] == "completed", result["error"]
@@ -165,4 +165,4 @@ def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, d
     traj = result["trajectory"]
     assert 1 <= len(traj["turns"]) <= 2
     assert_model_tokens_masked(traj)
-    assert_turns_match_engine(traj, dev_llm.generations())
+    assert_turns_match_engine(traj, engine.generations())

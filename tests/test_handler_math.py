@@ -13,7 +13,7 @@ from trajectory_checks import assert_model_tokens_masked, assert_turns_match_eng
 
 from prorl_server.sandbox.registry import unavailable_reason
 
-pytest_plugins = ("sandbox_fixtures", "devllm_fixtures")
+pytest_plugins = ("sandbox_fixtures", "engine_fixtures")
 pytestmark = pytest.mark.skipif(unavailable_reason("bwrap") is not None, reason=f"bwrap: {unavailable_reason('bwrap')}")
 BWRAP = pytest.mark.parametrize("isolated", ["bwrap"], indirect=True)  # one real sandbox runtime is enough here
 
@@ -210,8 +210,8 @@ def test_the_shipped_problems_are_valid_instances():
         assert problem["data_source"] == "math" and problem["question"] and problem["answer"]
 
 
-def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, dev_llm):
-    server = start_server([dev_llm.address], handlers={"math": MathHandler()}, runtime="bwrap")
+def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, engine):
+    server = start_server([engine.address], handlers={"math": MathHandler()}, runtime="bwrap")
     result = process(server, load_problems()[0], max_tokens=48, max_turns=2, temperature=1.0, seed=7)
 
     assert result["status"] == "completed", result["error"]
@@ -219,4 +219,4 @@ def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, d
     traj = result["trajectory"]
     assert 1 <= len(traj["turns"]) <= 2
     assert_model_tokens_masked(traj)
-    assert_turns_match_engine(traj, dev_llm.generations())
+    assert_turns_match_engine(traj, engine.generations())

@@ -19,7 +19,7 @@ from prorl_server.sandbox import SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.reaper import reap, remove_owner_files
 from prorl_server.sandbox.registry import unavailable_reason
 
-pytest_plugins = ("sandbox_fixtures", "devllm_fixtures")
+pytest_plugins = ("sandbox_fixtures", "engine_fixtures")
 
 BWRAP = unavailable_reason("bwrap")
 needs_bwrap = pytest.mark.skipif(BWRAP is not None, reason=f"bwrap: {BWRAP}")
@@ -215,8 +215,8 @@ def test_the_diff_is_taken_without_submit_and_edited_test_files_are_reset(start_
 
 
 @needs_bwrap
-def test_a_real_model_episode_records_exactly_what_the_engine_sampled(start_server, dev_llm):
-    server = start_server([dev_llm.address], handlers={"swe": SWEHandler()}, runtime="bwrap")
+def test_a_real_model_episode_records_exactly_what_the_engine_sampled(start_server, engine):
+    server = start_server([engine.address], handlers={"swe": SWEHandler()}, runtime="bwrap")
     sampling = {"max_tokens": 48, "max_turns": 2, "temperature": 1.0, "seed": 7, "tool_timeout": 10}
     result = server.http.post("/process", json={"instance": TRUNCATE, "sampling_params": sampling}).json()
     assert result["status"] == "completed", result
@@ -224,7 +224,7 @@ def test_a_real_model_episode_records_exactly_what_the_engine_sampled(start_serv
     trajectory = result["trajectory"]
     check_mask(trajectory)
     context = trajectory["prompt_ids"] + trajectory["response_ids"]
-    generations = dev_llm.generations()
+    generations = engine.generations()
     assert 1 <= len(trajectory["turns"]) <= 2
     for turn in trajectory["turns"]:
         generation = [g for g in generations if g.prompt_ids == context[: turn["prompt_len"]]][-1]

@@ -1,11 +1,12 @@
-"""Test doubles shipped with the package: a scripted vLLM-protocol backend (which can be told to misbehave)
-and a way to run servers.
+"""Test doubles shipped with the package: a scripted vLLM-protocol backend (which can be told to misbehave),
+a proxy that records a real engine's answers, and a way to run servers.
 
 These are named as test doubles on purpose: they let tests and the pre-quickstart demo control exactly
 what "the model" says. They are not an LLM.
 """
 
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord
+from prorl_server.testing.recording_proxy import RecordedGeneration, RecordingProxy
 from prorl_server.testing.scripted_backend import (
     ScriptedBackend,
     ScriptedReply,
@@ -18,6 +19,8 @@ __all__ = [
     "Endpoint",
     "Fault",
     "FaultRecord",
+    "RecordedGeneration",
+    "RecordingProxy",
     "ScriptedBackend",
     "ScriptedReply",
     "ToyChatTokenizer",

@@ -19,12 +19,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 class UvicornThread:
     """`with UvicornThread(app) as server: ... server.url ...` serves `app` until the block ends."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_level: str = "warning",
+        thread_name: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level=log_level, lifespan="on")
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self.server.run, name=thread_name or f"uvicorn-{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
