@@ -12,6 +12,15 @@ fi
 if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
 fi
+# The real vLLM (CPU build) for the tests that run against both engines (about 5 minutes the first time,
+# a second after). Where it cannot run (not Linux x86_64 with AVX2) those tests skip; elsewhere they must run.
+vllm_status=0
+bash "$root/scripts/setup-vllm.sh" || vllm_status=$?
+case "$vllm_status" in
+  0) export PRORL_REQUIRE_VLLM=1 ;;
+  3) echo "==> the vLLM tests will be skipped (said above)" ;;
+  *) exit "$vllm_status" ;;
+esac
 cd "$root"
 echo "==> ruff"
 .venv/bin/ruff check src tests benchmarks examples handlers

@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--scheduling-policy", choices=["priority", "fcfs"], default=defaults.scheduling_policy, help="queue order"
     )
-    start.add_argument("--kv-cache-gib", type=float, default=defaults.kv_cache_gib, help="VLLM_CPU_KVCACHE_SPACE")
+    start.add_argument(
+        "--kv-cache-gib", type=int, default=defaults.kv_cache_gib, help="KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for health")
     start.add_argument("--foreground", action="store_true", help="run vLLM in this process (no PID file)")
     start.add_argument("--print-command", action="store_true", help="print the vLLM command and exit")

@@ -36,7 +36,7 @@ class VllmCpuSettings:
     # lower `priority` first among queued requests; requests without one all have 0 (first come, first served)
     scheduling_policy: str = "priority"
     max_num_seqs: int | None = None  # vLLM's default
-    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about 23,000 tokens of this model
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (whole GiB): 1 GiB holds about 23,000 tokens of this model
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -76,7 +76,7 @@ def vllm_environment(settings: VllmCpuSettings, base: dict[str, str] | None = No
     """The process environment: KV cache size, and nothing fetched from the network or reported."""
     env = dict(os.environ if base is None else base)
     env.update(
-        VLLM_CPU_KVCACHE_SPACE=f"{settings.kv_cache_gib:g}",
+        VLLM_CPU_KVCACHE_SPACE=str(settings.kv_cache_gib),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
