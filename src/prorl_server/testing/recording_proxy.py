@@ -72,6 +72,7 @@ class RecordingProxy:
         self.upstream = upstream.rstrip("/")
         self._generations: deque[RecordedGeneration] = deque(maxlen=keep)
         self.forwarded = 0
+        self.unrecorded = 0  # completions answered with an error, or without token ids
 
     def generations(self) -> list[RecordedGeneration]:
         """The recorded completions, oldest first."""
@@ -104,8 +105,8 @@ class RecordingProxy:
                 return Response(status_code=CLIENT_CLOSED)
             status, content_type, content = answer
             self.forwarded += 1
-            if request.method == "POST" and request.url.path == "/v1/completions" and status == 200:
-                self._record(body, content)
+            if request.method == "POST" and request.url.path == "/v1/completions":
+                self._record(body, content if status == 200 else None)
             return Response(
                 content, status_code=status, headers={"content-type": content_type} if content_type else None
             )
@@ -113,12 +114,17 @@ class RecordingProxy:
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
         return Starlette(routes=[Route("/{path:path}", forward, methods=methods)], lifespan=lifespan)
 
-    def _record(self, request_body: bytes, response_body: bytes) -> None:
-        try:
-            generation = recorded_generation(json.loads(request_body), json.loads(response_body))
-        except (ValueError, TypeError, KeyError):
-            return
-        if generation is not None:
+    def _record(self, request_body: bytes, response_body: bytes | None) -> None:
+        """Keep a successful completion's generation; count one without a usable answer."""
+        generation = None
+        if response_body is not None:
+            try:
+                generation = recorded_generation(json.loads(request_body), json.loads(response_body))
+            except (ValueError, TypeError, KeyError):
+                generation = None
+        if generation is None:
+            self.unrecorded += 1
+        else:
             self._generations.append(generation)
 
 
