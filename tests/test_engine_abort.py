@@ -3,19 +3,11 @@ close the LLM request, and the real engine (the dev engine, vLLM) aborts it with
 
 from __future__ import annotations
 
-import time
+from polling import wait_for
 
 pytest_plugins = ("engine_fixtures",)
 
 LONG_TURN = {"max_tokens": 3000, "ignore_eos": True, "temperature": 1.0}  # minutes of generation on a CPU
-
-
-def wait_for(condition, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def submit_long_turn(server, job_id: str, **extra) -> None:

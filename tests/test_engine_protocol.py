@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
+from polling import wait_for
 
 pytest_plugins = ("engine_fixtures",)
 
@@ -59,15 +59,6 @@ def assert_error(answer: httpx.Response, status: int, param: str | None = None) 
     if param is not None:
         assert error["param"] == param, error
     return error["message"]
-
-
-def wait_for(condition, timeout: float, what: str) -> float:
-    """Poll `condition()` until true; returns the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"{what} within {timeout} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def test_models_report_the_context_length_and_health_answers(engine):
