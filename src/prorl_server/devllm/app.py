@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prorl_server.devllm.engine import DevEngine, Generation
 from prorl_server.devllm.errors import DevLLMRequestError
+from prorl_server.devllm.metrics import engine_registry
 from prorl_server.devllm.protocol import (
     ChatCompletionLogProbs,
     ChatCompletionRequest,
@@ -33,17 +32,23 @@ from prorl_server.devllm.protocol import (
     ModelCard,
     ModelList,
     SampledRecord,
-    SamplingFields,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
     UsageInfo,
     random_id,
 )
-from prorl_server.devllm.sampler import SamplingParams
+from prorl_server.devllm.validation import (
+    PYDANTIC_ERROR_TYPE,
+    check_chat_request,
+    check_completion_request,
+    check_prompt_ids,
+    fit_context,
+    sampling_params,
+    validation_error,
+)
+from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 
-T = TypeVar("T")
-CLIENT_CLOSED = 499  # the status nobody reads: the client is gone
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this for JSON
 
 
@@ -51,45 +56,6 @@ def error_response(message: str, *, status: int, error_type: str, param: str | N
     """vLLM's error body with `code` = the HTTP status."""
     body = ErrorResponse(error=ErrorInfo(message=message, type=error_type, param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
-
-
-def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """The engine's sampling parameters from a request, with vLLM's neutral defaults."""
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        seed=body.seed,
-        stop=tuple(body.stop_strings()),
-        stop_token_ids=frozenset(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        logprobs=logprobs,
-    )
-
-
-async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Await `work`, cancelling it if the client disconnects first (then None)."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return None
-    finally:
-        watcher.cancel()
-        task.cancel()
 
 
 def _clamp(logprob: float) -> float:
@@ -150,17 +116,16 @@ def create_app(engine: DevEngine) -> FastAPI:
     """The app serving `engine`; the caller owns the engine (and closes it)."""
     app = FastAPI(title="prorl-server dev LLM engine (vLLM protocol subset)")
     app.state.engine = engine
+    registry = engine_registry(engine)
 
     @app.exception_handler(DevLLMRequestError)
     async def request_error(_: Request, exc: DevLLMRequestError) -> JSONResponse:
         return error_response(exc.message, status=exc.status.value, error_type=exc.error_type, param=exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [[part for part in p["loc"][1:] if isinstance(part, str)] for p in exc.errors()]  # past "body"
-        message = "; ".join(f"{'.'.join(f) or 'body'}: {p['msg']}" for f, p in zip(fields, exc.errors(), strict=True))
-        param = fields[0][0] if fields and fields[0] else None
-        return error_response(message, status=400, error_type="BadRequestError", param=param)
+    async def request_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_error(exc.errors(), exc.body)
+        return error_response(message, status=400, error_type=PYDANTIC_ERROR_TYPE, param=param)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
@@ -170,13 +135,18 @@ def create_app(engine: DevEngine) -> FastAPI:
     async def health() -> Response:
         return Response(status_code=200)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text with vLLM's metric names (see `metrics`)."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         card = ModelCard(id=engine.model_name, root=str(engine.model_path), max_model_len=engine.n_ctx)
         return ModelList(data=[card])
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest) -> TokenizeResponse:
+    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         engine.check_model(body.model)
         if isinstance(body, TokenizeChatRequest):
             text = engine.render_chat(
@@ -199,13 +169,15 @@ def create_app(engine: DevEngine) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | Response:
         engine.check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt = engine.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
-        else:
-            prompt = list(body.prompt)
-        params = sampling_params(body, max_tokens=engine.check_prompt(prompt, body.max_tokens), logprobs=body.logprobs)
+        given = check_completion_request(body)
+        from_text = isinstance(given, str)
+        prompt = engine.tokenize(given, add_special_tokens=body.add_special_tokens) if from_text else list(given)
+        max_tokens = fit_context(len(prompt), body.max_tokens, n_ctx=engine.n_ctx, from_text=from_text)
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, n_vocab=engine.n_vocab)
+        check_prompt_ids(prompt, engine.n_vocab)
         request_id = random_id("cmpl")
-        gen = await until_disconnected(request, engine.generate(request_id, prompt, params, priority=body.priority))
+        generation = engine.generate(request_id, prompt, params, priority=body.priority, cache_salt=body.cache_salt)
+        gen = await until_disconnected(request, generation)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
         name = _TokenNames(engine, bool(body.return_tokens_as_token_ids))
@@ -222,15 +194,22 @@ def create_app(engine: DevEngine) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | Response:
         engine.check_model(body.model)
+        check_chat_request(body)
         text = engine.render_chat(
             body.messages, add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs
         )
         prompt = engine.tokenize(text, add_special_tokens=body.add_special_tokens)
-        max_tokens = engine.check_prompt(prompt, body.max_completion_tokens or body.max_tokens)
+        if body.max_completion_tokens is not None:
+            requested, name = body.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, name = body.max_tokens, "max_tokens"
+        max_tokens = fit_context(len(prompt), requested, n_ctx=engine.n_ctx, name=name, from_text=True)
         n_top = (body.top_logprobs or 0) if body.logprobs else None
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=n_top)
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=n_top, n_vocab=engine.n_vocab)
+        check_prompt_ids(prompt, engine.n_vocab)
         request_id = random_id("chatcmpl")
-        gen = await until_disconnected(request, engine.generate(request_id, prompt, params, priority=body.priority))
+        generation = engine.generate(request_id, prompt, params, priority=body.priority, cache_salt=body.cache_salt)
+        gen = await until_disconnected(request, generation)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
         name = _TokenNames(engine, bool(body.return_tokens_as_token_ids))
@@ -265,6 +244,7 @@ def create_app(engine: DevEngine) -> FastAPI:
                     logprobs=g.logprobs,
                     finish_reason=g.finish_reason,
                     seed=g.params.seed,
+                    cache_salt=g.cache_salt,
                 )
                 for g in list(recent)
             ]

@@ -8,16 +8,23 @@ prompt batches and between tokens.
 
 Scheduling: a request takes the free slot whose cached tokens share the longest prefix with its prompt
 (llama.cpp then reuses that prefix), ties going to the least recently used slot; when no slot is free
-it waits, lower `priority` first, then first come first served.
+it waits, lower `priority` first, then first come first served. A slot's cached tokens are reusable only
+by a request with the same `cache_salt` as the request that left them (no salt is a salt of its own), as
+vLLM keys its prefix cache by the salt.
+
+`EngineStats` counts what vLLM's `/metrics` reports (prompt and generated tokens, prefix cache queries and
+hits, finished requests by reason); the app exposes them with the running and waiting requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import importlib.resources
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +73,22 @@ class Generation:
     text: str = ""
     finish_reason: str = "length"  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
+    cache_salt: str | None = None
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's `finished_reason` label values used here
+
+
+@dataclass
+class EngineStats:
+    """Totals since start, in vLLM's terms; updated on the event loop's thread only."""
+
+    prompt_tokens: int = 0  # prompts of requests that got a slot
+    prefix_cache_queries: int = 0  # prompt tokens looked up in a slot's cache
+    prefix_cache_hits: int = 0  # prompt tokens whose KV the slot already held
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    created: float = field(default_factory=time.time)
 
 
 def _common_prefix(cached: np.ndarray, prompt: Sequence[int]) -> int:
@@ -84,6 +107,7 @@ class Slot:
         self.llm = llm
         self.busy = False
         self.last_used = -1
+        self.salt: str | None = None  # the cache_salt of the request that left the cached tokens
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"devllm-slot{index}")
         self._llama_cpp = llama_cpp
         self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
@@ -97,13 +121,29 @@ class Slot:
         """Prompt tokens whose KV this slot holds (read only while the slot is free)."""
         return _common_prefix(self.llm.input_ids[: self.llm.n_tokens], prompt)
 
-    def run(self, request_id: str, prompt: list[int], params: SamplingParams, cancel: threading.Event) -> Generation:
-        """Generate on this slot's thread until a stop condition, `max_tokens` or `cancel`."""
+    def reusable_prefix(self, prompt: Sequence[int], salt: str | None) -> int:
+        """Prompt tokens a request with `salt` may take from this slot's cache (at least one is evaluated)."""
+        if not self._reuses_prefix or salt != self.salt:
+            return 0
+        return max(0, min(self.cached_prefix(prompt), len(prompt) - 1))
+
+    def run(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        cancel: threading.Event,
+        *,
+        reused: int,
+        salt: str | None,
+    ) -> Generation:
+        """Generate on this slot's thread until a stop condition, `max_tokens` or `cancel`, reusing the first
+        `reused` cached tokens (`reusable_prefix`); the cache is then `salt`'s."""
         llm = self.llm
-        reused = min(self.cached_prefix(prompt), len(prompt) - 1) if self._reuses_prefix else 0
-        gen = Generation(request_id, self.index, reused, prompt, params)
+        gen = Generation(request_id, self.index, reused, prompt, params, cache_salt=salt)
         if params.logprobs is not None:
             gen.top_logprobs = []
+        self.salt = salt
         try:
             if reused:
                 llm.n_tokens = reused  # Llama.eval drops the KV cache past n_tokens; >= 1 token is evaluated
@@ -177,13 +217,23 @@ class SlotScheduler:
 
     def __init__(self, slots: list[Slot]) -> None:
         self._slots = slots
-        self._waiting: list[tuple[int, int, list[int], asyncio.Future[Slot]]] = []
+        self._waiting: list[tuple[int, int, list[int], str | None, asyncio.Future[Slot]]] = []
         self._order = itertools.count()
 
-    async def acquire(self, prompt: list[int], priority: int) -> Slot:
-        """Wait for a slot; the caller must `release` it."""
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return sum(not entry[-1].done() for entry in self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Slots handed to a request."""
+        return sum(s.busy for s in self._slots)
+
+    async def acquire(self, prompt: list[int], priority: int, salt: str | None = None) -> Slot:
+        """Wait for a slot, preferring one holding a prefix this request may reuse; the caller must `release` it."""
         future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (priority, next(self._order), prompt, future))
+        heapq.heappush(self._waiting, (priority, next(self._order), prompt, salt, future))
         self._dispatch()
         try:
             return await future
@@ -199,11 +249,11 @@ class SlotScheduler:
 
     def _dispatch(self) -> None:
         while self._waiting and any(not s.busy for s in self._slots):
-            _, _, prompt, future = heapq.heappop(self._waiting)
+            _, _, prompt, salt, future = heapq.heappop(self._waiting)
             if future.done():  # its request was cancelled while waiting
                 continue
             free = [s for s in self._slots if not s.busy]
-            slot = max(free, key=lambda s: (s.cached_prefix(prompt), -s.last_used))
+            slot = max(free, key=lambda s: (s.reusable_prefix(prompt, salt), -s.last_used))
             slot.busy, slot.last_used = True, next(self._order)
             future.set_result(slot)
 
@@ -232,6 +282,7 @@ class DevEngine:
             for i in range(settings.slots)
         ]
         self._scheduler = SlotScheduler(self.slots)
+        self.stats = EngineStats()
         self.recent: deque[Generation] | None = deque(maxlen=settings.debug_sampled) if settings.debug_sampled else None
         # The event loop's own (tiny) context for tokenizing and templates: slot contexts stay on their threads.
         self._tokenizer = llama_cpp.Llama(
@@ -259,9 +310,9 @@ class DevEngine:
         return self._tokenizer.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True)
 
     def detokenize(self, ids: list[int]) -> str:
-        """Ids -> text, special tokens kept."""
-        self.check_ids(ids, "tokens")
-        return self._tokenizer.detokenize(ids, special=True).decode("utf-8", errors="replace")
+        """Ids -> text, special tokens kept; ids outside the vocabulary are skipped (as vLLM's tokenizer does)."""
+        known = [i for i in ids if 0 <= i < self.n_vocab]
+        return self._tokenizer.detokenize(known, special=True).decode("utf-8", errors="replace")
 
     def token_str(self, token: int) -> str:
         """The text of one token (special tokens kept), as vLLM shows it in logprobs."""
@@ -278,40 +329,48 @@ class DevEngine:
         """The prompt text of a conversation, from the model's own chat template."""
         if self.chat_template is None:
             raise DevLLMRequestError(f"{self.model_path.name} has no chat template in its GGUF metadata")
+        if not messages:
+            raise DevLLMRequestError(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
         return self.chat_template.render(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs
         )
 
-    def check_ids(self, ids: list[int], param: str) -> None:
-        """Every id must be in the vocabulary (llama.cpp would abort on others)."""
-        bad = [i for i in ids if not 0 <= i < self.n_vocab]
-        if bad:
-            raise DevLLMRequestError(f"Token id {bad[0]} is out of vocabulary (size {self.n_vocab})", param=param)
+    @property
+    def num_running(self) -> int:
+        """Requests generating in a slot."""
+        return self._scheduler.running
 
-    def check_prompt(self, prompt: list[int], max_tokens: int | None) -> int:
-        """Validate a prompt against the vocabulary and context length; returns the max_tokens to use."""
-        if not prompt:
-            raise DevLLMRequestError("The decoder prompt cannot be empty", param="prompt")
-        self.check_ids(prompt, "prompt")
-        if max_tokens is None:
-            max_tokens = max(1, self.n_ctx - len(prompt))
-        if len(prompt) + max_tokens > self.n_ctx:
-            raise DevLLMRequestError(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you requested "
-                f"{max_tokens} output tokens and your prompt contains {len(prompt)} input tokens, for a total "
-                f"of {len(prompt) + max_tokens} tokens. Please reduce the length of the input prompt or the "
-                "number of requested output tokens.",
-                param="input_tokens",
-            )
-        return max_tokens
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a slot."""
+        return self._scheduler.waiting
 
     async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams, *, priority: int = 0
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Generation:
-        """Run one request on a slot. Cancelling the awaiting task stops generation at the next token."""
-        slot = await self._scheduler.acquire(prompt, priority)
+        """Run one request on a slot (a validated one: see `validation`). Cancelling the awaiting task stops
+        generation at the next token, or takes the request out of the queue."""
+        try:
+            slot = await self._scheduler.acquire(prompt, priority, cache_salt)
+        except asyncio.CancelledError:
+            self.stats.finished["abort"] += 1
+            raise
+        reused = slot.reusable_prefix(prompt, cache_salt)
+        stats = self.stats
+        stats.prompt_tokens += len(prompt)
+        stats.prefix_cache_queries += len(prompt)
+        stats.prefix_cache_hits += reused
         cancel = threading.Event()
-        work = asyncio.get_running_loop().run_in_executor(slot.executor, slot.run, request_id, prompt, params, cancel)
+        run = functools.partial(slot.run, request_id, prompt, params, cancel, reused=reused, salt=cache_salt)
+        work = asyncio.get_running_loop().run_in_executor(slot.executor, run)
         work.add_done_callback(lambda done: self._finished(slot, done))
         try:
             return await asyncio.shield(work)
@@ -322,9 +381,13 @@ class DevEngine:
     def _finished(self, slot: Slot, done: asyncio.Future[Generation]) -> None:
         self._scheduler.release(slot)
         if done.cancelled() or done.exception() is not None:
+            self.stats.finished["error"] += 1
             return
+        gen = done.result()
+        self.stats.generation_tokens += len(gen.output_ids)
+        self.stats.finished[gen.finish_reason] = self.stats.finished.get(gen.finish_reason, 0) + 1
         if self.recent is not None:
-            self.recent.append(done.result())
+            self.recent.append(gen)
 
     def close(self) -> None:
         """Free every slot and the tokenizer."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 from types import ModuleType
+from typing import Any
 
 INSTALL_HINT = "install the dev engine extra: pip install 'prorl-server[devllm]'"
 
@@ -21,6 +22,17 @@ class DevLLMRequestError(Exception):
     def error_type(self) -> str:
         """vLLM's `type` for this status."""
         return "NotFoundError" if self.status == HTTPStatus.NOT_FOUND else "BadRequestError"
+
+
+_NO_VALUE = object()
+
+
+def vllm_error(message: str, *, param: str | None = None, value: Any = _NO_VALUE) -> DevLLMRequestError:
+    """A 400 worded as vLLM's validation errors: `message (parameter=P, value=V)` when it names a parameter."""
+    if param is not None:
+        shown = f"parameter={param}" if value is _NO_VALUE else f"parameter={param}, value={value}"
+        message = f"{message} ({shown})"
+    return DevLLMRequestError(message, param=param)
 
 
 class MissingDependency(ImportError):

@@ -1,18 +1,22 @@
 """Wire models of the dev engine: the subset of vLLM's OpenAI-compatible protocol, with vLLM's field names.
 
-Unknown request fields are ignored (as vLLM does); fields vLLM knows and this engine does not implement
-(`n > 1`, `stream`, `echo`) are refused with a 400 rather than silently dropped.
+Unknown request fields are ignored (as vLLM does). The models check types only, as vLLM's do (a wrong type
+is vLLM's "Bad Request" listing pydantic's errors); value checks (ranges, context length, vocabulary) are
+in `validation`, worded as vLLM words them. Fields vLLM knows and this engine does not implement
+(`n > 1`, several prompts, `stream`, `echo`) are refused with a 400 rather than silently dropped.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+TokenId = Annotated[int, Field(ge=0)]
 
 
 def random_id(prefix: str) -> str:
@@ -42,13 +46,13 @@ class ErrorResponse(BaseModel):
 
 
 class SamplingFields(WireModel):
-    """Sampling parameters shared by completions and chat completions (vLLM names and neutral defaults)."""
+    """Sampling parameters shared by completions and chat completions (vLLM names, types and defaults)."""
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0, description="default 1.0; below 1e-5 is greedy")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1, description="0 or -1 disables")
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    temperature: float | None = Field(default=None, description="default 1.0; below 1e-5 is greedy")
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, description="0 or -1 disables")
+    min_p: float | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -57,44 +61,23 @@ class SamplingFields(WireModel):
     return_token_ids: bool | None = None
     return_tokens_as_token_ids: bool | None = None
     priority: int = Field(default=0, description="lower runs first when requests queue")
+    cache_salt: Any = Field(default=None, description="a non-empty string: prefix reuse only within the same salt")
     n: int = 1
-    stream: bool = False
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("the dev engine returns one choice per request: send n=1")
-        return n
-
-    @field_validator("stream")
-    @classmethod
-    def _no_streaming(cls, stream: bool) -> bool:
-        if stream:
-            raise ValueError("the dev engine does not stream: send stream=false")
-        return stream
+    stream: bool | None = False
 
     def stop_strings(self) -> list[str]:
-        """`stop` as a list of non-empty strings."""
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return [s for s in stops if s]
+        """`stop` as a list (an empty string in it is refused by the validation, as vLLM does)."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionRequest(SamplingFields):
-    """`POST /v1/completions`: one prompt, as text or as token ids."""
+    """`POST /v1/completions`: one prompt, as text or token ids (or a batch of exactly one of those)."""
 
-    prompt: str | list[StrictInt]
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = False
     add_special_tokens: bool = True
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("the dev engine does not echo the prompt: send echo=false")
-        return echo
 
 
 class CompletionLogProbs(BaseModel):
@@ -141,11 +124,11 @@ class CompletionResponse(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """`POST /v1/chat/completions`: plain text chat rendered with the model's own chat template."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1, description="deprecated alias of max_completion_tokens")
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, description="deprecated alias of max_completion_tokens")
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -236,7 +219,7 @@ class DetokenizeRequest(WireModel):
     """`POST /detokenize`."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
@@ -275,3 +258,4 @@ class SampledRecord(BaseModel):
     logprobs: list[float]
     finish_reason: str
     seed: int | None
+    cache_salt: str | None = None

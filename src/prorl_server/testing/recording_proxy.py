@@ -15,7 +15,6 @@ it as it would without the proxy.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections import deque
@@ -28,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-CLIENT_CLOSED = 499
+from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+
 FORWARDED_HEADERS = ("content-type", "authorization", "accept")
 
 
@@ -100,7 +100,7 @@ class RecordingProxy:
                 content=body,
                 headers=headers,
             )
-            answer = await _until_disconnected(request, _fetch(client, upstream))
+            answer = await until_disconnected(request, _fetch(client, upstream))
             if answer is None:
                 return Response(status_code=CLIENT_CLOSED)
             status, content_type, content = answer
@@ -134,24 +134,3 @@ async def _fetch(client: httpx.AsyncClient, request: httpx.Request) -> tuple[int
         return response.status_code, response.headers.get("content-type"), await response.aread()
     finally:
         await response.aclose()
-
-
-async def _until_disconnected(request: Request, work: Any) -> Any:
-    """Await `work`; if the client disconnects first, cancel it (closing the upstream request) and return None."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        return None
-    finally:
-        for pending in (task, watcher):
-            pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
