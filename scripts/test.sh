@@ -12,7 +12,7 @@ fi
 if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
 fi
-# The real vLLM (CPU build) for the tests that run against both engines (about 5 minutes the first time,
+# The real vLLM (CPU build) for the tests that run against both engines (2-4 minutes the first time,
 # a second after). Where it cannot run (not Linux x86_64 with AVX2) those tests skip; elsewhere they must run.
 vllm_status=0
 bash "$root/scripts/setup-vllm.sh" || vllm_status=$?

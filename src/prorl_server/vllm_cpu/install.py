@@ -68,7 +68,7 @@ class VllmCpuInstall:
     def missing(self) -> str | None:
         """What is not there yet, with the command that makes it; None when everything is."""
         if not self.stamp.exists():
-            return f"no vLLM environment under {self.home}: run `{SETUP_COMMAND}` (about 5 minutes the first time)"
+            return f"no vLLM environment under {self.home}: run `{SETUP_COMMAND}` (2-4 minutes the first time)"
         if not (self.model / "model.safetensors").exists():
             return f"no converted model in {self.model}: run `{SETUP_COMMAND}`"
         return None
