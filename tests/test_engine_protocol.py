@@ -169,8 +169,8 @@ def test_max_tokens_beyond_the_room_left_is_cut_to_it(engine):
 
 
 def test_queued_requests_run_lower_priority_value_first(engine):
-    """Fill every slot, queue a priority-10 request then a priority-(-10) one: when the first slot frees up,
-    the later but more urgent request takes it."""
+    """Fill every slot with long requests, queue a priority-10 request then a priority-(-10) one, then free
+    one slot (its client goes away): the later but more urgent request takes it and finishes first."""
     prompt = tokenize_chat(engine)
     finished: list[str] = []
 
@@ -182,21 +182,21 @@ def test_queued_requests_run_lower_priority_value_first(engine):
 
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=300, trust_env=False) as http:
-            # the first blocker ends first and frees one slot; the others hold theirs well after that
-            blockers = [
-                asyncio.ensure_future(one(http, f"blocker{i}", 12 if i == 0 else 60, 0))
-                for i in range(engine.concurrency)
-            ]
+            blockers = [asyncio.ensure_future(one(http, "blocker", 2000, 0)) for _ in range(engine.concurrency)]
             await asyncio.to_thread(wait_for, lambda: engine.running() == engine.concurrency, 60, "slots busy")
             low = asyncio.ensure_future(one(http, "low", 4, 10))
             await asyncio.to_thread(wait_for, lambda: engine.waiting() == 1, 30, "low queued")
             high = asyncio.ensure_future(one(http, "high", 4, -10))
             await asyncio.to_thread(wait_for, lambda: engine.waiting() == 2, 30, "high queued")
-            await asyncio.gather(*blockers, low, high)
+            blockers[0].cancel()  # one slot frees up
+            await asyncio.wait_for(high, 120)
+            assert finished == ["high"]  # low still waits: the other slots hold their long requests
+            for blocker in blockers[1:]:
+                blocker.cancel()
+            await asyncio.wait_for(low, 120)
 
     asyncio.run(scenario())
-    assert finished.index("high") < finished.index("low"), finished
-    assert finished[0] == "blocker0"
+    assert finished == ["high", "low"]
 
 
 def test_cache_salt_separates_prefix_reuse(engine):
