@@ -89,3 +89,14 @@ def test_start_status_and_stop_a_real_vllm():
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False)
+
+
+def test_print_command_shows_the_vllm_command_line(tmp_path):
+    result = run_cli(
+        "start", "--port", "9321", "--max-num-seqs", "2", "--print-command", "--", "--seed", "7", home=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    argv = result.stdout.split()
+    assert argv[0] == str(tmp_path / "venv" / "bin" / "python") and argv[1].endswith("vllm_main.py")
+    assert argv[2] == "serve" and "--enforce-eager" in argv and argv[-2:] == ["--seed", "7"]
+    assert argv[argv.index("--port") + 1] == "9321" and argv[argv.index("--max-num-seqs") + 1] == "2"
