@@ -38,19 +38,22 @@ def test_malformed_bodies_are_422(server):
     assert server.http.get("/jobs", params={"limit": 0}).status_code == 422
 
 
-def test_duplicate_live_job_id_is_409_and_reusable_after_finish(server, backend):
+def test_another_request_under_a_live_job_id_is_409_and_the_id_is_reusable_after_ack(server, backend):
     backend.double.push(ScriptedReply(text="slow", delay_s=30))
     body = {"instance": {"data_source": "slow"}, "job_id": "dup"}
     assert server.http.post("/jobs", json=body).status_code == 202
-    response = server.http.post("/jobs", json=body)
+    other = {**body, "timeout": 5}
+    response = server.http.post("/jobs", json=other)
     assert response.status_code == 409 and "dup" in response.json()["detail"]
-    assert server.http.post("/process", json=body).status_code == 409
+    assert server.http.post("/process", json=other).status_code == 409
     deadline = time.monotonic() + 10
     while not backend.double.requests and time.monotonic() < deadline:  # the slow reply is being served
         time.sleep(0.01)
     server.http.delete("/jobs/dup")
+    assert server.http.post("/process", json=other).status_code == 409  # the cancelled result is still stored
+    assert server.http.post("/jobs/ack", json={"job_ids": ["dup"]}).json() == {"acknowledged": 1}
     backend.double.push("fast")
-    again = server.http.post("/process", json=body).json()
+    again = server.http.post("/process", json=other).json()
     assert again["job_id"] == "dup" and again["status"] == "completed"
 
 

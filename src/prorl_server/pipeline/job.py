@@ -19,8 +19,11 @@ class Job:
     `finish()` decides the terminal result exactly once (first caller wins) and wakes every waiter.
     """
 
-    def __init__(self, job_id: str, handler: AgentHandler, ctx: JobContext, timer: PausableTimer) -> None:
+    def __init__(
+        self, job_id: str, handler: AgentHandler, ctx: JobContext, timer: PausableTimer, request_digest: str = ""
+    ) -> None:
         self.id = job_id
+        self.request_digest = request_digest  # what was asked, to recognise the same request sent again
         self.handler = handler
         self.ctx = ctx
         self.timer = timer

@@ -25,6 +25,7 @@ from prorl_server.pipeline.handler_calls import call_handler, overrides, parse_e
 from prorl_server.pipeline.job import STAGES, Job
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
+from prorl_server.pipeline.submission import FinishedJob, request_digest
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
     ErrorInfo,
@@ -110,8 +111,17 @@ class Orchestrator:
 
     # admission ------------------------------------------------------------------------------------
 
-    def submit(self, request: ProcessRequest) -> Job:
-        """Admit a job and queue it for INIT. Raises a SubmissionError subclass when it cannot."""
+    def submit(self, request: ProcessRequest) -> Job | FinishedJob:
+        """Admit a job and queue it for INIT. Raises a SubmissionError subclass when it cannot.
+
+        The same request sent again under the same `job_id` gets the job that has it (live, or finished with
+        its result still stored) instead of a second run; a different request under that id is DuplicateJob.
+        """
+        digest = request_digest(request)
+        if request.job_id is not None:
+            existing = self._same_request(request.job_id, digest)
+            if existing is not None:
+                return existing
         if not self.running:
             raise NotAccepting("the server is stopped; POST /start to resume accepting jobs")
         data_source = request.instance.get("data_source")
@@ -131,10 +141,13 @@ class Orchestrator:
             raise NotAccepting(
                 f"all {registered} LLM backends are unhealthy (they fail their health checks); see GET /llm_servers"
             )
-        job = self._make_job(request, handler, data_source)
+        job = self._make_job(request, handler, data_source, digest)
         with self._lock:
-            if job.id in self._live:
-                raise DuplicateJob(f"job_id {job.id!r} is already in flight; wait for it, cancel it, or use another id")
+            live = self._live.get(job.id)
+            if live is not None:  # admitted meanwhile by a concurrent submission
+                if live.request_digest == digest:
+                    return live
+                raise DuplicateJob(_different_request(job.id, "is in flight"))
             self._live[job.id] = job
         if overrides(handler, "init"):
             self.pools["init"].put(job)
@@ -143,7 +156,27 @@ class Orchestrator:
             self.pools["run"].put(job)
         return job
 
-    def _make_job(self, request: ProcessRequest, handler: AgentHandler, data_source: str) -> Job:
+    def _same_request(self, job_id: str, digest: str) -> Job | FinishedJob | None:
+        """The job already holding `job_id` if it was asked for with the same request; DuplicateJob if it
+        was asked for with another; None if no live or stored job has that id."""
+        with self._lock:
+            live = self._live.get(job_id)
+        if live is not None:
+            if live.request_digest != digest:
+                raise DuplicateJob(_different_request(job_id, "is in flight"))
+            return live
+        stored = self.results.get_with_digest(job_id)
+        if stored is None:
+            return None
+        result, stored_digest = stored
+        if stored_digest != digest:
+            raise DuplicateJob(
+                _different_request(job_id, "already ran and its result is stored")
+                + " (or acknowledge that result first: POST /jobs/ack)"
+            )
+        return FinishedJob(result)
+
+    def _make_job(self, request: ProcessRequest, handler: AgentHandler, data_source: str, digest: str) -> Job:
         job_id = request.job_id or uuid.uuid4().hex
         agent_keys = AGENT_CONFIG_KEYS | handler.agent_config_keys
         sampling = {k: v for k, v in request.sampling_params.items() if k not in agent_keys}
@@ -161,7 +194,7 @@ class Orchestrator:
             _sandboxes=self.sandboxes,
         )
         timeout = request.timeout if request.timeout is not None else self.settings.default_timeout_s
-        return Job(job_id, handler, ctx, PausableTimer(timeout))
+        return Job(job_id, handler, ctx, PausableTimer(timeout), digest)
 
     # queries --------------------------------------------------------------------------------------
 
@@ -366,7 +399,7 @@ class Orchestrator:
         job.ctx.llm.finish()  # a stage that ignored cancellation can no longer pin a backend
         if job.drop_ready_permit():
             self._ready_gate.release()
-        self.results.put(job.result)
+        self.results.put(job.result, job.request_digest)
         with self._lock:
             if self._live.get(job.id) is job:
                 del self._live[job.id]
@@ -420,4 +453,11 @@ def _snapshot(traj: Trajectory) -> Trajectory:
         response_logprobs=traj.response_logprobs[:n],
         turns=list(traj.turns),
         messages=list(traj.messages),
+    )
+
+
+def _different_request(job_id: str, state: str) -> str:
+    return (
+        f"job_id {job_id!r} {state} with a different request; the same request sent again gets that job, "
+        "a new request needs another id"
     )

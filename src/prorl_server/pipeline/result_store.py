@@ -25,11 +25,13 @@ class ResultStore:
         self._next_seq = 1
         self._seqs: list[int] = []  # ascending; may hold seqs of removed entries until compaction
         self._entries: dict[int, tuple[JobResult, float]] = {}
+        self._digests: dict[str, str] = {}  # job id -> digest of the request that produced the stored result
         self._by_job: dict[str, int] = {}
         self.on_put: Callable[[], None] | None = None
 
-    def put(self, result: JobResult) -> int:
-        """Store a result (replacing an older one of the same job id); returns its cursor value."""
+    def put(self, result: JobResult, request_digest: str = "") -> int:
+        """Store a result (replacing an older one of the same job id) with the digest of the request that
+        produced it; returns its cursor value."""
         with self._lock:
             self._purge_locked()
             old = self._by_job.pop(result.job_id, None)
@@ -40,6 +42,7 @@ class ResultStore:
             self._seqs.append(seq)
             self._entries[seq] = (result, self._clock())
             self._by_job[result.job_id] = seq
+            self._digests[result.job_id] = request_digest
         if self.on_put is not None:
             self.on_put()
         return seq
@@ -50,6 +53,13 @@ class ResultStore:
             self._purge_locked()
             seq = self._by_job.get(job_id)
             return None if seq is None else self._entries[seq][0]
+
+    def get_with_digest(self, job_id: str) -> tuple[JobResult, str] | None:
+        """The stored result of a job and the digest of its request, if still held."""
+        with self._lock:
+            self._purge_locked()
+            seq = self._by_job.get(job_id)
+            return None if seq is None else (self._entries[seq][0], self._digests[job_id])
 
     def page(self, statuses: Iterable[JobStatus] | None, after: int, limit: int) -> tuple[list[JobResult], int]:
         """Up to `limit` results stored after cursor `after` (optionally of some statuses), and the
@@ -77,6 +87,7 @@ class ResultStore:
         with self._lock:
             for job_id in job_ids:
                 seq = self._by_job.pop(job_id, None)
+                self._digests.pop(job_id, None)
                 if seq is not None and self._entries.pop(seq, None) is not None:
                     removed += 1
             if through is not None:
@@ -84,6 +95,7 @@ class ResultStore:
                     entry = self._entries.pop(seq, None)
                     if entry is not None:
                         self._by_job.pop(entry[0].job_id, None)
+                        self._digests.pop(entry[0].job_id, None)
                         removed += 1
             self._compact_locked()
         return removed
@@ -112,6 +124,7 @@ class ResultStore:
                 break
             del self._entries[seq]
             self._by_job.pop(entry[0].job_id, None)
+            self._digests.pop(entry[0].job_id, None)
             expired += 1
         if expired:
             self._compact_locked()
