@@ -62,7 +62,7 @@ from typing import Any
 import httpx
 from _report import check, finish, positive_int, print_checks
 
-from prorl_server.client import LocalStack
+from prorl_server.launch import LocalStack
 from prorl_server.testing import RecordedGeneration, RecordingProxy, UvicornThread
 from prorl_server.vllm_cpu import SERVED_MODEL_NAME, VllmCpuInstall, VllmCpuSettings, unsupported_reason
 from prorl_server.vllm_cpu.install import VLLM_VERSION

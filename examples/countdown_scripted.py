@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-from prorl_server.client import LocalStack, free_port, run_with_stack
-from prorl_server.client.local_stack import auth_headers
+from prorl_server.launch import LocalStack, auth_headers, free_port, run_with_stack
 
 HERE = Path(__file__).resolve().parent
 HANDLER_FILE = HERE / "custom_handler" / "src" / "prorl_example_handlers" / "countdown.py"

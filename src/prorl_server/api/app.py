@@ -8,12 +8,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from prorl_server import __version__
-from prorl_server.api import jobs, lifecycle, llm_servers
+from prorl_server.api import groups, jobs, lifecycle, llm_servers
 from prorl_server.api.auth import ApiKeyMiddleware
 from prorl_server.api.body_limit import BodyLimitMiddleware
 from prorl_server.api.errors import install_error_handlers
 from prorl_server.api.state import ServerState
+from prorl_server.api.weights import router as weights_router
 from prorl_server.config import ServerSettings
+from prorl_server.pipeline.groups import GroupRunner
 
 
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
@@ -34,9 +36,11 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
 
     app = FastAPI(title="prorl-server", version=__version__, lifespan=lifespan)
     app.state.server = state
+    app.state.groups = GroupRunner(state.orchestrator)
     install_error_handlers(app)
-    for module in (jobs, llm_servers, lifecycle):
+    for module in (jobs, groups, llm_servers, lifecycle):
         app.include_router(module.router)
+    app.include_router(weights_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if state.settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=state.settings.api_key)  # added last: runs first

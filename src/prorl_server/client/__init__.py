@@ -1,5 +1,24 @@
-"""Trainer-side helpers: `LocalStack` runs a dev engine and a prorl-server as child processes."""
+"""The trainer-side client of prorl-server.
 
-from prorl_server.client.local_stack import LocalStack, free_port, run_with_stack
+`RolloutClient` (async) and `SyncRolloutClient` (blocking, on a loop thread of its own) submit jobs to one
+or several servers, wait for them or stream their results, register LLM backends, retry what is safe to
+retry, and raise `RolloutServerError` for every failed request.
+"""
 
-__all__ = ["LocalStack", "free_port", "run_with_stack"]
+from prorl_server.client.errors import RolloutServerError
+from prorl_server.client.placement import assign_backends
+from prorl_server.client.retry import RetryPolicy
+from prorl_server.client.rollout_client import RolloutClient
+from prorl_server.client.stream import Cursor, ResultStream
+from prorl_server.client.sync import SyncResultStream, SyncRolloutClient
+
+__all__ = [
+    "Cursor",
+    "ResultStream",
+    "RetryPolicy",
+    "RolloutClient",
+    "RolloutServerError",
+    "SyncResultStream",
+    "SyncRolloutClient",
+    "assign_backends",
+]

@@ -4,6 +4,7 @@ response checks, per-job sessions."""
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
+from prorl_server.llm.dispatch_gate import DispatchAborted, DispatchGate
 from prorl_server.llm.errors import (
     BackendProtocolError,
     BackendRequestError,
@@ -31,6 +32,8 @@ __all__ = [
     "CircuitBreaker",
     "CircuitState",
     "Completion",
+    "DispatchAborted",
+    "DispatchGate",
     "LLMError",
     "LLMSession",
     "Lease",

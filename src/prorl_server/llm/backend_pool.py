@@ -13,6 +13,7 @@ from typing import Any
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
+from prorl_server.llm.dispatch_gate import DispatchGate
 from prorl_server.llm.errors import NoBackendAvailable
 from prorl_server.llm.placement import PlacementPolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
@@ -64,6 +65,9 @@ class BackendPool:
         self._order = itertools.count()
         self._cache: dict[tuple[str, str], Any] = {}
         self._probed_at: dict[str, float] = {}
+        self.gate = DispatchGate()  # held closed by the trainer during weight updates (api/weights.py)
+        self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
+        self.current_version: str | int | None = None  # the version last set by set_weight_version
 
     # registration -----------------------------------------------------------------------------
 
@@ -80,7 +84,56 @@ class BackendPool:
             backend.tags = dict(tags or {})
             backend.healthy = True
             backend.last_error = None
+            if weight_version is not None and weight_version not in self._versions_used:
+                self._versions_used.append(weight_version)
             return backend
+
+    # weight versions ----------------------------------------------------------------------------
+
+    def version_conflict(self, version: str | int) -> str | None:
+        """Why `version` may not be the next weight version (None when it may): an integer must be greater
+        than every integer version set before, a string must differ from every version set before (as text,
+        since the version names the prefix-cache salt)."""
+        with self._lock:
+            used = list(self._versions_used)
+        if isinstance(version, int):
+            ints = [v for v in used if isinstance(v, int)]
+            if ints and version <= max(ints):
+                return f"weight version {version} does not increase (the latest integer version is {max(ints)})"
+        if any(str(v) == str(version) for v in used):
+            return f"weight version {version!r} was already used"
+        return None
+
+    def set_weight_version(
+        self, version: str | int, servers: list[tuple[str, dict | None]] | None = None
+    ) -> list[Backend]:
+        """Set `version` on every backend; with `servers` ((address, tags) pairs), make them the backend set
+        instead (each at `version`; the others are removed, and jobs pinned to them are re-placed on their
+        next call, which sends the whole token context again). Returns the backends, oldest first."""
+        with self._lock:
+            self._versions_used.append(version)
+            self.current_version = version
+            if servers is None:
+                for backend in self._backends.values():
+                    backend.weight_version = version
+                return sorted(self._backends.values(), key=lambda b: b.order)
+            wanted = {address.rstrip("/"): tags for address, tags in servers}
+            for address in [a for a in self._backends if a not in wanted]:
+                del self._backends[address]
+                self._probed_at.pop(address, None)
+                for key in [k for k in self._cache if k[0] == address]:
+                    del self._cache[key]
+            for address, tags in wanted.items():
+                backend = self._backends.get(address)
+                if backend is None:
+                    breaker = CircuitBreaker(self._failure_threshold, self._breaker_cooldown_s)
+                    backend = Backend(address=address, order=next(self._order), breaker=breaker)
+                    self._backends[address] = backend
+                if tags is not None:  # a kept backend keeps its tags unless new ones are given
+                    backend.tags = dict(tags)
+            for backend in self._backends.values():
+                backend.weight_version = version
+            return sorted(self._backends.values(), key=lambda b: b.order)
 
     def clear(self) -> int:
         """Forget every backend (jobs in flight finish their current call; next calls re-place)."""

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
+from prorl_server.llm.dispatch_gate import DispatchAborted
 from prorl_server.llm.errors import (
     BackendRequestError,
     BackendUnavailable,
@@ -56,6 +57,16 @@ def missing_turn_close(output_ids: list[int], turn_close: list[int]) -> list[int
         if output_ids[-k:] == turn_close[:k]:
             return turn_close[k:]
     return list(turn_close)
+
+
+def versioned_cache_salt(params: dict[str, Any], version: str | int | None) -> dict[str, Any]:
+    """`params` with vLLM's `cache_salt` naming the weight version (`w{version}`, after the trainer's own
+    salt: `{salt}:w{version}`), so no prefix cached under other weights is reused; unchanged without a
+    version."""
+    if version is None:
+        return params
+    salt = params.get("cache_salt")
+    return {**params, "cache_salt": f"{salt}:w{version}" if salt else f"w{version}"}
 
 
 def _common_suffix_len(a: list[int], b: list[int]) -> int:
@@ -124,14 +135,16 @@ class LLMSession:
         prompt = self.token_ids
 
         async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
-            version = backend.weight_version  # the weights this request was sent to
+            # the weights this request was sent to: updates happen only while no call is in flight (the
+            # dispatch gate), and a call aborted for an update is sent again, reading the new version
+            version = backend.weight_version
             max_new = requested_tokens(params, len(prompt), backend.max_model_len)
             started = time.monotonic()
             completion = await self.pool.client.complete(
                 backend.address,
                 backend.model,
                 prompt,
-                params,
+                versioned_cache_salt(params, version),
                 max_new_tokens=max_new,
                 vocab_size=backend.vocab_size,
                 timeout_s=self.pool.completion_timeout(backend, max_new),
@@ -262,8 +275,13 @@ class LLMSession:
         return result
 
     async def _with_backend_pair(self, call: Callable[[Backend], Awaitable[T]]) -> tuple[T, Backend]:
-        """Run `call` on the job's backend; when the backend fails, retry (see the class docstring)."""
+        """Run `call` on the job's backend; when the backend fails, retry (see the class docstring).
+
+        Each attempt passes the pool's dispatch gate: while the trainer has paused dispatching for a weight
+        update the attempt waits there, and that wait neither spends the retry budget nor counts as a
+        failure; an attempt the pause aborted is sent again after the resume (nothing of it is kept)."""
         retry = self.pool.retry
+        gate = self.pool.gate
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + retry.budget_s
@@ -271,39 +289,53 @@ class LLMSession:
         failed_on: set[str] = set()
         waits = 0
         while True:
+            ticket = await gate.enter()
+            deadline += ticket.waited_s
             try:
-                lease = self._acquire(failed_on)
-            except NoBackendAvailable as exc:
-                delay = min(retry.delay_s(waits), deadline - loop.time())
-                if delay <= 0:
-                    raise NoBackendAvailable(
-                        f"no LLM backend could take the call within the {retry.budget_s:g}s retry budget: {exc}"
-                        + (f"; earlier failures: {'; '.join(failures)}" if failures else "")
-                    ) from None
-                waits += 1
-                await asyncio.sleep(delay)
-                continue
-            backend = lease.backend
-            try:
-                if backend.address in failed_on:  # back again where this call failed: back off first
-                    await asyncio.sleep(min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time())))
-                await self.pool.resolve_model(backend)
-                result = await call(backend)
-            except BackendUnavailable as exc:
-                self.pool.failed(lease, str(exc))
-                failures.append(f"{backend.address}: {exc}")
-                failed_on.add(backend.address)
-                if len(failures) > self.max_failovers or loop.time() >= deadline:
-                    raise type(exc)(
-                        f"LLM call failed after {len(failures)} failed request(s) in {loop.time() - started:.1f}s: "
-                        + "; ".join(failures)
-                    ) from exc
-                continue
-            except BackendRequestError:
-                self.pool.succeeded(lease)  # the backend works; the request was wrong
-                raise
-            except BaseException:
-                self.pool.abandoned(lease)
-                raise
-            self.pool.succeeded(lease)
-            return result, backend
+                try:
+                    lease = self._acquire(failed_on)
+                except NoBackendAvailable as exc:
+                    delay = min(retry.delay_s(waits), deadline - loop.time())
+                    if delay <= 0:
+                        raise NoBackendAvailable(
+                            f"no LLM backend could take the call within the {retry.budget_s:g}s retry budget: {exc}"
+                            + (f"; earlier failures: {'; '.join(failures)}" if failures else "")
+                        ) from None
+                    waits += 1
+                else:
+                    backend = lease.backend
+                    backoff = 0.0
+                    if backend.address in failed_on:  # back again where this call failed: back off first
+                        backoff = min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time()))
+                    try:
+                        result = await ticket.run(self._attempt(backend, call, backoff))
+                    except DispatchAborted:
+                        self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
+                        continue
+                    except BackendUnavailable as exc:
+                        self.pool.failed(lease, str(exc))
+                        failures.append(f"{backend.address}: {exc}")
+                        failed_on.add(backend.address)
+                        if len(failures) > self.max_failovers or loop.time() >= deadline:
+                            raise type(exc)(
+                                f"LLM call failed after {len(failures)} failed request(s) in "
+                                f"{loop.time() - started:.1f}s: " + "; ".join(failures)
+                            ) from exc
+                        continue
+                    except BackendRequestError:
+                        self.pool.succeeded(lease)  # the backend works; the request was wrong
+                        raise
+                    except BaseException:
+                        self.pool.abandoned(lease)
+                        raise
+                    self.pool.succeeded(lease)
+                    return result, backend
+            finally:
+                gate.exit(ticket)
+            await asyncio.sleep(delay)  # no backend placeable: wait outside the gate, then try again
+
+    async def _attempt(self, backend: Backend, call: Callable[[Backend], Awaitable[T]], backoff_s: float) -> T:
+        if backoff_s > 0:
+            await asyncio.sleep(backoff_s)
+        await self.pool.resolve_model(backend)
+        return await call(backend)

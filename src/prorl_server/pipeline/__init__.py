@@ -1,6 +1,7 @@
 """The job pipeline: Job, PausableTimer, stage pools, the orchestrator and the result store."""
 
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting, SubmissionError
+from prorl_server.pipeline.groups import DuplicateGroup, Group, GroupRunner
 from prorl_server.pipeline.job import STAGES, Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.result_store import ResultStore
@@ -9,7 +10,10 @@ from prorl_server.pipeline.timer import PausableTimer
 
 __all__ = [
     "STAGES",
+    "DuplicateGroup",
     "DuplicateJob",
+    "Group",
+    "GroupRunner",
     "InvalidInstance",
     "Job",
     "NotAccepting",

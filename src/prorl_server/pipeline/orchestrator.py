@@ -228,14 +228,16 @@ class Orchestrator:
 
     # cancellation ---------------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> JobStatus | None:
-        """Cancel a live job (idempotent); returns its status afterwards, or None if unknown."""
+    def cancel(self, job_id: str, reason: str = "cancelled by the client") -> JobStatus | None:
+        """Cancel a live job (idempotent); returns its status afterwards, or None if unknown.
+
+        `reason` becomes the message of the cancelled result's error (type `Cancelled`)."""
         with self._lock:
             job = self._live.get(job_id)
         if job is None:
             stored = self.results.get(job_id)
             return stored.status if stored is not None else None
-        self._cancel_job(job, "Cancelled", "cancelled by the client")
+        self._cancel_job(job, "Cancelled", reason)
         return job.status
 
     def _cancel_job(self, job: Job, kind: str, message: str) -> bool:

@@ -3,6 +3,15 @@
 Everything that crosses HTTP is defined here and nowhere else.
 """
 
+from prorl_server.protocol.groups import (
+    GroupAccepted,
+    GroupMember,
+    GroupRequest,
+    GroupResult,
+    GroupStatus,
+    MemberRole,
+    Selection,
+)
 from prorl_server.protocol.jobs import (
     TERMINAL_STATUSES,
     ErrorInfo,
@@ -27,6 +36,16 @@ from prorl_server.protocol.server import (
     LifecycleResponse,
     StatusResponse,
 )
+from prorl_server.protocol.weights import (
+    PauseRequest,
+    PauseResponse,
+    SwapRequest,
+    SwapResponse,
+    UpdateRequest,
+    UpdateResponse,
+    WeightServer,
+    WeightsStatus,
+)
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -36,6 +55,11 @@ __all__ = [
     "CancelRequest",
     "CancelResponse",
     "ErrorInfo",
+    "GroupAccepted",
+    "GroupMember",
+    "GroupRequest",
+    "GroupResult",
+    "GroupStatus",
     "HandlerInfo",
     "HealthResponse",
     "JobAccepted",
@@ -46,9 +70,19 @@ __all__ = [
     "LLMServerInfo",
     "LLMServerList",
     "LifecycleResponse",
+    "MemberRole",
+    "PauseRequest",
+    "PauseResponse",
     "ProcessRequest",
+    "Selection",
     "StageTiming",
     "StatusResponse",
+    "SwapRequest",
+    "SwapResponse",
     "Trajectory",
     "TurnRecord",
+    "UpdateRequest",
+    "UpdateResponse",
+    "WeightServer",
+    "WeightsStatus",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from prorl_server.protocol.bounded import TagsJson
 
@@ -12,22 +12,29 @@ WeightVersion = Annotated[str, Field(max_length=256)] | Annotated[int, Field(ge=
 """A backend's weight version: a short string or a 64-bit integer (it is repeated in every turn record)."""
 
 
+def _http_url(value: str) -> str:
+    value = value.strip().rstrip("/")
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("address must be an http(s) URL such as http://host:8000/v1")
+    return value
+
+
+BackendAddress = Annotated[
+    str,
+    Field(max_length=2048, description="OpenAI-compatible base URL, e.g. http://host:8000/v1"),
+    AfterValidator(_http_url),
+]
+"""A backend's base URL: http(s), without a trailing slash."""
+
+
 class AddLLMServerRequest(BaseModel):
     """Body of `POST /add_llm_server`; `tags` are free-form JSON within `bounded.TAGS_JSON_LIMITS`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    address: str = Field(max_length=2048, description="OpenAI-compatible base URL, e.g. http://host:8000/v1")
+    address: BackendAddress
     weight_version: WeightVersion | None = None
     tags: TagsJson = Field(default_factory=dict)
-
-    @field_validator("address")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("address must be an http(s) URL such as http://host:8000/v1")
-        return value
 
 
 class LLMServerInfo(BaseModel):

@@ -1,0 +1,81 @@
+"""The one exception the trainer-side client raises for a failed request, with the server's own message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from prorl_server.protocol.server import API_KEY_ENV
+
+HINTS: dict[int, str] = {
+    400: "the request or instance is invalid",
+    401: f"the server requires an API key: set ${API_KEY_ENV} (or pass api_key=) to the server's key",
+    404: "unknown job (never submitted, already acknowledged, or past retention)",
+    409: "a job with this id is still running",
+    413: "the request body is larger than the server's --max-body-bytes",
+    422: "the request body does not match the schema",
+    502: "a proxy in front of the server failed",
+    503: "the server cannot take jobs now (stopped, no healthy LLM backend, or a handler failed to load)",
+    504: "a proxy in front of the server timed out",
+}
+"""What an HTTP status from prorl-server usually means, appended to the error message."""
+
+
+class RolloutServerError(RuntimeError):
+    """A request to prorl-server failed: refused with an HTTP status, or the server could not be reached.
+
+    `status_code` is None when no answer came (connection error or timeout, after the retries).
+    `detail` is the server's own message (FastAPI's validation errors joined into one line).
+    """
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, detail: str = "", method: str = "", url: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.detail = detail
+        self.method = method
+        self.url = url
+
+    @classmethod
+    def from_response(cls, response: httpx.Response, note: str = "") -> RolloutServerError:
+        """The error for a 4xx or 5xx answer: method, path, status, hint and the server's message."""
+        detail = response_detail(response)
+        hint = HINTS.get(response.status_code)
+        request = response.request
+        message = f"{request.method} {request.url.path} -> HTTP {response.status_code}"
+        message += f" ({hint}): {detail}" if hint else f": {detail}"
+        return cls(
+            message + note,
+            status_code=response.status_code,
+            detail=detail,
+            method=request.method,
+            url=str(request.url),
+        )
+
+    @classmethod
+    def unreachable(cls, method: str, url: str, exc: httpx.TransportError, note: str = "") -> RolloutServerError:
+        """The error for a request that got no answer (connection refused or reset, timeout)."""
+        if isinstance(exc, httpx.TimeoutException):
+            message = f"{method} {url} timed out ({type(exc).__name__})"
+        else:
+            message = (
+                f"cannot reach prorl-server: {method} {url} ({type(exc).__name__}: {exc}); is it running? "
+                "start it with `prorl-server serve --port PORT ...`"
+            )
+        return cls(message + note, detail=str(exc), method=method, url=url)
+
+
+def response_detail(response: httpx.Response) -> str:
+    """The server's explanation: `detail` of the JSON body (validation errors on one line), else the text."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return response.text.strip()
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # FastAPI validation errors
+        return "; ".join(
+            f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" if isinstance(d, dict) else str(d) for d in detail
+        )
+    return str(detail)

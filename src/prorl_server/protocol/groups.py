@@ -1,0 +1,143 @@
+"""Group schemas: `n_launch` redundant rollouts of one instance, of which `n` are selected.
+
+A group launches `n_launch >= n` jobs of the same instance (member job ids `f"{group_id}:{i}"`) and keeps
+`n` usable (completed) results, chosen by a selection policy:
+
+- `first_n` (default; ROLLART's redundant rollouts): the first `n` usable members to finish; the rest are
+  cancelled as soon as `n` are usable.
+- `dual_end` (DARTS' dual-end length sampling): every member runs to its end; then the `K = ceil(n/2)`
+  shortest usable members (by response length) and the `L = n - K` longest are kept. A truncated member
+  (its last turn stopped on `finish_reason: "length"`, or its handler set `eval["truncated"] = true`) is
+  never chosen as one of the longest.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS, TaskJson
+from prorl_server.protocol.jobs import JobResult, JobStatus
+
+MAX_GROUP_SIZE = 1024
+"""Most members (`n_launch`) one group may launch."""
+
+GROUP_ID_MAX_CHARS = JOB_ID_MAX_CHARS - 1 - len(str(MAX_GROUP_SIZE - 1))
+"""Room left for `:{i}` in the member job ids."""
+
+GroupId = Annotated[str, Field(min_length=1, max_length=GROUP_ID_MAX_CHARS, pattern=r"^[^/:]+$")]
+"""A group id: 1 to 252 characters, no `/` (it is a path segment) and no `:` (member job ids are
+`{group_id}:{i}`, usable in `/jobs/{job_id}`)."""
+
+
+class Selection(StrEnum):
+    """How a group picks its `n` results among the usable members."""
+
+    FIRST_N = "first_n"
+    DUAL_END = "dual_end"
+
+
+class GroupStatus(StrEnum):
+    """`running` until the group is decided; then `completed` (at least `min_usable` usable results) or
+    `failed` (fewer)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class MemberRole(StrEnum):
+    """Why a member was selected: among the first n to finish, or the shortest / longest (dual_end)."""
+
+    FIRST = "first"
+    SHORT = "short"
+    LONG = "long"
+
+
+class GroupRequest(BaseModel):
+    """Body of `POST /groups`. `instance`, `sampling_params`, `agent_config` and `timeout` are those of
+    `POST /process` and go to every member; an integer `sampling_params.seed` becomes `seed + i` for member
+    `i`, so that seeded members do not sample the same response."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    instance: TaskJson = Field(description="The task instance; must contain `data_source`.")
+    sampling_params: TaskJson = Field(default_factory=dict)
+    agent_config: TaskJson = Field(default_factory=dict)
+    timeout: float | None = Field(
+        default=None, gt=0, le=30 * 24 * 3600, description="Seconds of stage time per member (queues excluded)."
+    )
+    n: int = Field(ge=1, le=MAX_GROUP_SIZE, description="Results to select.")
+    n_launch: int | None = Field(
+        default=None, ge=1, le=MAX_GROUP_SIZE, description="Members to launch (>= n; default n)."
+    )
+    min_usable: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GROUP_SIZE,
+        description="Usable results the group needs to be `completed` rather than `failed` (<= n; default n).",
+    )
+    selection: Selection = Selection.FIRST_N
+    group_id: GroupId | None = Field(default=None, description="Generated when absent.")
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> GroupRequest:
+        if self.n_launch is not None and self.n_launch < self.n:
+            raise ValueError(f"n_launch ({self.n_launch}) must be at least n ({self.n})")
+        if self.min_usable is not None and self.min_usable > self.n:
+            raise ValueError(f"min_usable ({self.min_usable}) must be at most n ({self.n})")
+        return self
+
+    @property
+    def launch(self) -> int:
+        """Members to launch."""
+        return self.n_launch if self.n_launch is not None else self.n
+
+    @property
+    def needed(self) -> int:
+        """Usable results for the group to complete."""
+        return self.min_usable if self.min_usable is not None else self.n
+
+
+class GroupMember(BaseModel):
+    """One launched member: its state now, and whether (and why) it was selected."""
+
+    index: int
+    job_id: str
+    status: JobStatus
+    reward: float | None = None
+    response_length: int | None = Field(
+        default=None, description="Response tokens (`len(trajectory.response_ids)`); null until terminal."
+    )
+    truncated: bool = Field(default=False, description="It hit a length limit (never selected as longest).")
+    selected: bool = False
+    role: MemberRole | None = Field(default=None, description="Why it was selected (null if not).")
+
+
+class GroupResult(BaseModel):
+    """Answer of `POST /groups` and `GET /groups/{group_id}`.
+
+    `members` lists every launched member by index (cancelled and unselected ones included); `results` holds
+    the selected members' full results in the order selected (empty while running). `partial` is true when
+    fewer than `n` results were selected.
+    """
+
+    group_id: str
+    status: GroupStatus
+    selection: Selection
+    n: int
+    n_launch: int
+    min_usable: int
+    usable: int = Field(description="Members that completed.")
+    partial: bool = False
+    members: list[GroupMember]
+    results: list[JobResult] = Field(default_factory=list)
+
+
+class GroupAccepted(BaseModel):
+    """Answer of `POST /groups?wait=false`: the group id and its member job ids."""
+
+    group_id: str
+    job_ids: list[str]

@@ -1,0 +1,103 @@
+"""Weight-update schemas: pause dispatching, set the new version (and backends), resume."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prorl_server.protocol.bounded import TagsJson
+from prorl_server.protocol.llm_servers import BackendAddress, LLMServerInfo, WeightVersion
+
+PauseMode = Literal["wait", "abort"]
+
+MAX_SERVERS = 4096
+
+
+class WeightServer(BaseModel):
+    """One backend serving the new weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: BackendAddress
+    tags: TagsJson | None = Field(default=None, description="New tags; a kept backend keeps its tags without.")
+
+
+class PauseRequest(BaseModel):
+    """Body of `POST /weights/pause` (an empty body or `{}` means "wait")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: PauseMode = Field(
+        default="wait",
+        description="wait: calls in flight finish; abort: calls in flight are closed now and resent after resume.",
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Answer after this many seconds even if calls are still in flight (drained: false).",
+    )
+
+
+class UpdateRequest(BaseModel):
+    """Body of `POST /weights/update`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: WeightVersion = Field(
+        description="The new weight version: an integer greater than every earlier one, or a string never used."
+    )
+    servers: list[WeightServer] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SERVERS,
+        description="Replace the registered backends by these (all at `version`); default: keep them.",
+    )
+
+
+class SwapRequest(UpdateRequest):
+    """Body of `POST /weights/swap`: pause, update and resume in one call."""
+
+    mode: PauseMode = "wait"
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Give up (409, still not paused) if calls in flight are not done within this many seconds.",
+    )
+
+
+class WeightsStatus(BaseModel):
+    """Answer of `GET /weights`."""
+
+    paused: bool
+    mode: PauseMode | None = Field(default=None, description="The current pause's mode; null while dispatching.")
+    version: str | int | None = Field(
+        default=None, description="The version last set by /weights/update or /weights/swap (null before)."
+    )
+    in_flight_calls: int = Field(description="LLM calls dispatched and not finished.")
+    waiting_calls: int = Field(description="LLM calls held back by the pause.")
+
+
+class PauseResponse(WeightsStatus):
+    """Answer of `POST /weights/pause`."""
+
+    waited_for: int = Field(description="Calls in flight this pause let finish.")
+    aborted: int = Field(description="Calls in flight this pause aborted (resent after resume).")
+    drained: bool = Field(description="No call is in flight: the engines may be updated.")
+
+
+class UpdateResponse(WeightsStatus):
+    """Answer of `POST /weights/update`."""
+
+    servers: list[LLMServerInfo]
+
+
+class SwapResponse(UpdateResponse):
+    """Answer of `POST /weights/swap`."""
+
+    waited_for: int
+    aborted: int
