@@ -83,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without a response before an LLM request fails over (default: from max_tokens and speed)",
     )
     serve.add_argument(
+        "--max-staleness",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="end (or, with --stale-policy continue, let go on) a job whose oldest turn is more than N weight "
+        "versions behind the weights of its next turn (default: unbounded; 0 = strictly on-policy)",
+    )
+    serve.add_argument(
+        "--stale-policy",
+        choices=["end", "continue"],
+        default=defaults.stale_policy,
+        help="what a job past --max-staleness does: end with status stale, or continue under the new weights",
+    )
+    serve.add_argument(
         "--api-key",
         default=None,
         help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (prefer ${API_KEY_ENV})",
@@ -96,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_llm(sub)
     add_vllm(sub)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def add_dev_llm(sub: argparse._SubParsersAction) -> None:
@@ -184,6 +205,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         llm_breaker_cooldown_s=args.llm_breaker_cooldown,
         llm_max_failovers=args.llm_max_failovers,
         llm_stall_timeout_s=args.llm_stall_timeout,
+        max_staleness=args.max_staleness,
+        stale_policy=args.stale_policy,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_body_bytes=args.max_body_bytes,
         autostart=not args.no_autostart,

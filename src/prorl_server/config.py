@@ -54,6 +54,17 @@ class ServerSettings(BaseModel):
         description="Seconds without a response after which an LLM request counts as stalled and fails over "
         "(default: derived from max_tokens and the backend's measured speed).",
     )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Weight versions a job's oldest turn may be behind the weights its next turn would be "
+        "sampled under (default: unbounded; 0 = strictly on-policy). A job's own `max_staleness` wins.",
+    )
+    stale_policy: Literal["end", "continue"] = Field(
+        default="end",
+        description="Past max_staleness: end the job with status stale (partial trajectory kept), or continue "
+        "under the new weights (partial rollout). A job's own `stale_policy` wins.",
+    )
     cancel_grace_s: float = Field(default=5.0, ge=0, description="Time a cancelled stage gets to unwind.")
     autostart: bool = Field(default=True, description="Start the pools at launch (else wait for POST /start).")
     api_key: str | None = Field(

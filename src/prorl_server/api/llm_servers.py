@@ -1,17 +1,28 @@
-"""LLM backend routes: register, clear, list."""
+"""LLM backend routes: register, drain one, clear, list."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from prorl_server.api.body import openapi_body, parse_body
+from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
-from prorl_server.protocol import AddLLMServerRequest, LLMServerInfo, LLMServerList
+from prorl_server.protocol import (
+    AddLLMServerRequest,
+    LLMServerInfo,
+    LLMServerList,
+    RemoveLLMServerRequest,
+    RemoveLLMServerResponse,
+)
 
 router = APIRouter(tags=["llm servers"])
 State = Annotated[ServerState, Depends(get_state)]
+
+_DRAIN_POLL_S = 0.02
 
 
 @router.post("/add_llm_server", response_model=LLMServerInfo, openapi_extra=openapi_body(AddLLMServerRequest))
@@ -21,6 +32,40 @@ async def add_llm_server(request: Request, state: State) -> LLMServerInfo:
     backend = state.backends.add(body.address, body.weight_version, body.tags)
     state.probe_soon()
     return backend.info()
+
+
+@router.post(
+    "/remove_llm_server", response_model=RemoveLLMServerResponse, openapi_extra=openapi_body(RemoveLLMServerRequest)
+)
+async def remove_llm_server(request: Request, state: State) -> Response:
+    """Drain one backend: it takes no new job or call at once; jobs pinned to it move to another backend at
+    their next call (resending their whole token context there); its calls in flight finish there, or with
+    `abort` are closed now and sent again elsewhere. Answers once none is in flight on it (or after
+    `timeout_s`: `drained` false). 404 for an address not registered.
+
+    Removing the last backend is allowed: the jobs' next calls then wait, within `--llm-retry-budget`, for a
+    backend to be added (POST /add_llm_server), and fail past it; new jobs get 503 meanwhile."""
+    body = await parse_body(request, RemoveLLMServerRequest)
+    pool = state.backends
+    removed = pool.remove(body.address, abort=body.abort)
+    if removed is None:
+        known = ", ".join(b.address for b in pool.backends()[:8]) or "none"
+        raise HTTPException(404, f"no LLM backend {body.address!r} is registered (registered: {known})")
+    backend, moved, aborted = removed
+    info = backend.info()
+    deadline = None if body.timeout_s is None else time.monotonic() + body.timeout_s
+    while (in_flight := pool.calls_on(backend)) and (deadline is None or time.monotonic() < deadline):
+        await asyncio.sleep(_DRAIN_POLL_S)
+    return model_response(
+        RemoveLLMServerResponse(
+            removed=info,
+            moved_jobs=moved,
+            aborted_calls=aborted,
+            in_flight_calls=in_flight,
+            drained=in_flight == 0,
+            remaining=pool.counts()[0],
+        )
+    )
 
 
 @router.post("/clear_llm_server")

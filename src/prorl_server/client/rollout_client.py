@@ -24,6 +24,10 @@ from prorl_server.protocol import (
     TERMINAL_STATUSES,
     AddLLMServerRequest,
     CancelResponse,
+    GroupAccepted,
+    GroupRequest,
+    GroupResult,
+    GroupStatus,
     HandlerInfo,
     HealthResponse,
     JobAccepted,
@@ -39,6 +43,12 @@ from prorl_server.protocol.server import API_KEY_ENV
 
 Request = ProcessRequest | Mapping[str, Any]
 """A job: a ProcessRequest, or a dict of its fields (validated before it is sent)."""
+
+GroupRequestLike = GroupRequest | Mapping[str, Any]
+"""A group: a GroupRequest, or a dict of its fields (validated before it is sent)."""
+
+GROUP_POLL_S = 30.0
+"""Longest single `GET /groups/{id}?wait=` long poll `wait_group` sends (the server allows 300)."""
 
 ACK_BATCH = 256
 """Results `as_completed(ack=True)` acknowledges per request."""
@@ -88,6 +98,7 @@ class RolloutClient:
         }
         self._loads = LoadTracker(urls, load_refresh_s)
         self._owners: dict[str, str] = {}
+        self._group_owners: dict[str, str] = {}
 
     # lifetime --------------------------------------------------------------------------------------
 
@@ -111,6 +122,10 @@ class RolloutClient:
     def server_of(self, job_id: str) -> str | None:
         """The server this client sent `job_id` to (None for a job it did not submit)."""
         return self._owners.get(job_id)
+
+    def server_of_group(self, group_id: str) -> str | None:
+        """The server this client sent group `group_id` to (None for a group it did not submit)."""
+        return self._group_owners.get(group_id)
 
     # jobs ------------------------------------------------------------------------------------------
 
@@ -178,6 +193,52 @@ class RolloutClient:
         """`POST /cancel`: cancel a job (idempotent; a finished job keeps its result)."""
         response = await self._on_owner(job_id, "POST", "/cancel", json={"job_id": job_id})
         return CancelResponse.model_validate(response.json())
+
+    # groups ----------------------------------------------------------------------------------------
+
+    async def submit_group(self, request: GroupRequestLike, *, server: str | None = None) -> str:
+        """`POST /groups?wait=false`: start a group (`n_launch` members of one instance, `n` selected) on
+        `server` (default: the least loaded); returns its group id. The request always carries a group id
+        (a uuid4 hex when it has none), so a retried submit gets the same group and never launches twice.
+        The client remembers the server for `group`, `wait_group`, `cancel_group` and the members' jobs."""
+        model = _with_group_id(request)
+        body = model.model_dump(mode="json", exclude_none=True)
+        server = await self._place(server)
+        self._loads.sent[server] += model.launch - 1  # the placement counted one job; a group is n_launch
+        response = await self._conn(server).request("POST", "/groups", json=body, params={"wait": "false"})
+        accepted = GroupAccepted.model_validate(response.json())
+        self._group_owners[accepted.group_id] = server
+        for job_id in accepted.job_ids:
+            self._owners[job_id] = server
+        return accepted.group_id
+
+    async def group(self, group_id: str, *, wait: float = 0) -> GroupResult:
+        """`GET /groups/{group_id}?wait=`: the group now (`status` running until decided); with `wait` > 0
+        the server holds the answer up to `wait` seconds (at most 300) for the group to be decided."""
+        conn_timeout = self._conn(self._group_owners.get(group_id) or self.servers[0]).timeout_s
+        params = {"wait": wait} if wait > 0 else None
+        response = await self._on_group_owner(
+            group_id, "GET", f"/groups/{group_id}", params=params, timeout=wait + conn_timeout
+        )
+        return GroupResult.model_validate(response.json())
+
+    async def wait_group(self, group_id: str, timeout: float | None = None) -> GroupResult:
+        """Long-poll `GET /groups/{group_id}` until the group is decided; return it. TimeoutError after
+        `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = GROUP_POLL_S if deadline is None else min(GROUP_POLL_S, deadline - time.monotonic())
+            answer = await self.group(group_id, wait=max(0.0, left))
+            if answer.status is not GroupStatus.RUNNING:
+                return answer
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"group {group_id} still running after {timeout} s")
+
+    async def cancel_group(self, group_id: str) -> GroupResult:
+        """`DELETE /groups/{group_id}`: cancel the group's running members (idempotent); the group ends with
+        the usable results it has, and its answer is returned (decided, unless a member is slow to stop)."""
+        response = await self._on_group_owner(group_id, "DELETE", f"/groups/{group_id}")
+        return GroupResult.model_validate(response.json())
 
     # results ---------------------------------------------------------------------------------------
 
@@ -388,6 +449,18 @@ class RolloutClient:
                     raise
         raise AssertionError("unreachable")
 
+    async def _on_group_owner(self, group_id: str, method: str, path: str, **kwargs: Any) -> Any:
+        """The request on the server that has the group: the one it was sent to, else the first that knows it."""
+        owner = self._group_owners.get(group_id)
+        candidates = [owner] if owner else self.servers
+        for server in candidates:
+            try:
+                return await self._conn(server).request(method, path, **kwargs)
+            except RolloutServerError as exc:
+                if exc.status_code != 404 or server == candidates[-1]:
+                    raise
+        raise AssertionError("unreachable")
+
     async def _abandon(self, job_ids: list[str]) -> None:
         """Best effort: cancel jobs given up on and drop their results."""
         await asyncio.gather(*(self.cancel(job_id) for job_id in job_ids), return_exceptions=True)
@@ -404,6 +477,12 @@ def _with_job_id(request: Request) -> ProcessRequest:
     """The job, validated, with a job id (a fresh uuid4 hex when it has none)."""
     model = request if isinstance(request, ProcessRequest) else ProcessRequest.model_validate(dict(request))
     return model if model.job_id is not None else model.model_copy(update={"job_id": uuid.uuid4().hex})
+
+
+def _with_group_id(request: GroupRequestLike) -> GroupRequest:
+    """The group request, validated, with a group id (a fresh uuid4 hex when it has none)."""
+    model = request if isinstance(request, GroupRequest) else GroupRequest.model_validate(dict(request))
+    return model if model.group_id is not None else model.model_copy(update={"group_id": uuid.uuid4().hex})
 
 
 def _body(request: Request) -> dict[str, Any]:

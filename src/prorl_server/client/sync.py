@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mappin
 from types import TracebackType
 from typing import Any, TypeVar
 
-from prorl_server.client.rollout_client import Request, RolloutClient
+from prorl_server.client.rollout_client import GroupRequestLike, Request, RolloutClient
 from prorl_server.client.stream import Cursor, ResultStream
 from prorl_server.protocol import (
     CancelResponse,
+    GroupResult,
     HandlerInfo,
     HealthResponse,
     JobResult,
@@ -97,6 +98,26 @@ class SyncRolloutClient:
     def cancel(self, job_id: str) -> CancelResponse:
         """See RolloutClient.cancel."""
         return self._run(self.client.cancel(job_id))
+
+    def submit_group(self, request: GroupRequestLike, *, server: str | None = None) -> str:
+        """See RolloutClient.submit_group."""
+        return self._run(self.client.submit_group(request, server=server))
+
+    def group(self, group_id: str, *, wait: float = 0) -> GroupResult:
+        """See RolloutClient.group."""
+        return self._run(self.client.group(group_id, wait=wait))
+
+    def wait_group(self, group_id: str, timeout: float | None = None) -> GroupResult:
+        """See RolloutClient.wait_group."""
+        return self._run(self.client.wait_group(group_id, timeout=timeout))
+
+    def cancel_group(self, group_id: str) -> GroupResult:
+        """See RolloutClient.cancel_group."""
+        return self._run(self.client.cancel_group(group_id))
+
+    def server_of_group(self, group_id: str) -> str | None:
+        """See RolloutClient.server_of_group."""
+        return self.client.server_of_group(group_id)
 
     def stream_results(
         self,

@@ -13,7 +13,7 @@ from typing import Any
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
-from prorl_server.llm.dispatch_gate import DispatchGate
+from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
 from prorl_server.llm.errors import NoBackendAvailable
 from prorl_server.llm.placement import PlacementPolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
@@ -68,6 +68,7 @@ class BackendPool:
         self.gate = DispatchGate()  # held closed by the trainer during weight updates (api/weights.py)
         self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
         self.current_version: str | int | None = None  # the version last set by set_weight_version
+        self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
 
     # registration -----------------------------------------------------------------------------
 
@@ -89,6 +90,19 @@ class BackendPool:
             return backend
 
     # weight versions ----------------------------------------------------------------------------
+
+    def version_distance(self, old: str | int, new: str | int) -> int | None:
+        """How many versions `new` is ahead of `old` (negative when behind): their difference for two
+        integers, else how far apart they are in the order versions were set or registered. None when
+        either is unknown to the pool."""
+        if _is_int(old) and _is_int(new):
+            return int(new) - int(old)
+        with self._lock:
+            used = list(self._versions_used)
+        positions = [next((i for i, v in enumerate(used) if type(v) is type(x) and v == x), None) for x in (old, new)]
+        if None in positions:
+            return None
+        return positions[1] - positions[0]
 
     def version_conflict(self, version: str | int) -> str | None:
         """Why `version` may not be the next weight version (None when it may): an integer must be greater
@@ -135,6 +149,32 @@ class BackendPool:
                 backend.weight_version = version
             return sorted(self._backends.values(), key=lambda b: b.order)
 
+    def remove(self, address: str, abort: bool = False) -> tuple[Backend, int, int] | None:
+        """Drain one backend: it leaves the pool at once (no new job or call goes to it), jobs pinned to it
+        move to another backend on their next call (resending their whole token context there), and its
+        calls in flight finish, or with `abort` are closed now and sent again elsewhere (nothing of them is
+        kept; no backend failure is counted). With no backend left, calls wait within their retry budget
+        for one to be added. Returns (the backend, jobs pinned to it, calls aborted), None if unknown."""
+        address = address.rstrip("/")
+        with self._lock:
+            backend = self._backends.pop(address, None)
+            if backend is None:
+                return None
+            self._probed_at.pop(address, None)
+            for key in [k for k in self._cache if k[0] == address]:
+                del self._cache[key]
+            pinned = sum(b is backend for b in self._pins.values())
+            aborted = 0
+            if abort:
+                for ticket in [t for t, b in self._calls.items() if b is backend]:
+                    aborted += self.gate.abort(ticket)
+        return backend, pinned, aborted
+
+    def calls_on(self, backend: Backend) -> int:
+        """Calls in flight on `backend` (also after it was removed)."""
+        with self._lock:
+            return sum(b is backend for b in self._calls.values())
+
     def clear(self) -> int:
         """Forget every backend (jobs in flight finish their current call; next calls re-place)."""
         with self._lock:
@@ -156,28 +196,42 @@ class BackendPool:
 
     # placement --------------------------------------------------------------------------------
 
-    def acquire(self, job_id: str, avoid: Collection[str] = ()) -> Lease:
+    def acquire(self, job_id: str, avoid: Collection[str] = (), ticket: Ticket | None = None) -> Lease:
         """The backend for the job's next request: its pinned one while that is placeable and not in
         `avoid` (addresses this call already failed on), else one chosen by policy, preferring backends
-        outside `avoid`. Raises NoBackendAvailable when no backend is placeable now."""
+        outside `avoid`. Raises NoBackendAvailable when no backend is placeable now.
+
+        With the call's gate `ticket`, the call counts as in flight on the backend until `done(ticket)`
+        (so that `remove(abort=True)` can abort it)."""
         with self._lock:
-            pinned = self._pins.get(job_id)
-            live = pinned is not None and self._backends.get(pinned.address) is pinned and pinned.placeable
-            if live and pinned.address not in avoid:
-                return Lease(pinned, pinned.breaker.start_request())
-            placeable = [b for b in self._backends.values() if b.placeable]
-            fresh = [b for b in placeable if b.address not in avoid]
-            if live and not fresh:  # nowhere else to go: stay on the pinned backend
-                return Lease(pinned, pinned.breaker.start_request())
-            if not placeable:
-                raise NoBackendAvailable(self._nothing_placeable())
-            if pinned is not None:
-                pinned.in_flight -= 1
-                del self._pins[job_id]
-            chosen = self.policy.choose(sorted(fresh or placeable, key=lambda b: b.order))
-            chosen.in_flight += 1
-            self._pins[job_id] = chosen
-            return Lease(chosen, chosen.breaker.start_request())
+            lease = self._acquire_locked(job_id, avoid)
+            if ticket is not None:
+                self._calls[ticket] = lease.backend
+            return lease
+
+    def done(self, ticket: Ticket) -> None:
+        """The call of `ticket` is over (idempotent)."""
+        with self._lock:
+            self._calls.pop(ticket, None)
+
+    def _acquire_locked(self, job_id: str, avoid: Collection[str]) -> Lease:
+        pinned = self._pins.get(job_id)
+        live = pinned is not None and self._backends.get(pinned.address) is pinned and pinned.placeable
+        if live and pinned.address not in avoid:
+            return Lease(pinned, pinned.breaker.start_request())
+        placeable = [b for b in self._backends.values() if b.placeable]
+        fresh = [b for b in placeable if b.address not in avoid]
+        if live and not fresh:  # nowhere else to go: stay on the pinned backend
+            return Lease(pinned, pinned.breaker.start_request())
+        if not placeable:
+            raise NoBackendAvailable(self._nothing_placeable())
+        if pinned is not None:
+            pinned.in_flight -= 1
+            del self._pins[job_id]
+        chosen = self.policy.choose(sorted(fresh or placeable, key=lambda b: b.order))
+        chosen.in_flight += 1
+        self._pins[job_id] = chosen
+        return Lease(chosen, chosen.breaker.start_request())
 
     def release(self, job_id: str) -> None:
         """Unpin a job (idempotent)."""
@@ -325,3 +379,7 @@ class BackendPool:
             except Exception:  # a bug in one probe round must not end health checking
                 log.exception("health check round failed")
             await asyncio.sleep(max(0.0, min(_HEALTH_TICK_S, next_round - time.monotonic())))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -139,16 +139,22 @@ class DispatchGate:
                 self._mode = mode
             if mode == "wait":
                 return len(self._in_flight), 0
-            aborted = 0
-            for ticket in self._in_flight:
-                if ticket.aborted:
-                    continue
-                ticket.aborted = True
-                aborted += 1
-                if ticket.task is not None and ticket.loop is not None:
-                    with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
-                        ticket.loop.call_soon_threadsafe(ticket.task.cancel)
-            return 0, aborted
+            return 0, sum(self._abort_locked(ticket) for ticket in list(self._in_flight))
+
+    def abort(self, ticket: Ticket) -> bool:
+        """Abort one call in flight, as an "abort" pause does: its `Ticket.run` raises DispatchAborted and
+        the session sends it again. False when it was aborted already."""
+        with self._lock:
+            return self._abort_locked(ticket)
+
+    def _abort_locked(self, ticket: Ticket) -> bool:
+        if ticket.aborted:
+            return False
+        ticket.aborted = True
+        if ticket.task is not None and ticket.loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
+                ticket.loop.call_soon_threadsafe(ticket.task.cancel)
+        return True
 
     def resume(self) -> bool:
         """Dispatch again; False when the gate was not paused."""

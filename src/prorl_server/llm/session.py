@@ -17,15 +17,16 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
-from prorl_server.llm.dispatch_gate import DispatchAborted
+from prorl_server.llm.dispatch_gate import DispatchAborted, Ticket
 from prorl_server.llm.errors import (
     BackendRequestError,
     BackendUnavailable,
     ChatTemplateError,
+    LLMError,
     NoBackendAvailable,
     SessionFinished,
 )
@@ -49,6 +50,11 @@ class TemplateShape:
 
     base_ids: list[int]
     turn_close: list[int]
+
+
+class StaleRollout(LLMError):
+    """The job's oldest turn is more weight versions behind the weights of its next turn than it may be
+    (`max_staleness`, policy "end"): the turn is not sampled and the job ends with status `stale`."""
 
 
 def missing_turn_close(output_ids: list[int], turn_close: list[int]) -> list[int]:
@@ -82,6 +88,12 @@ class LLMSession:
     A call whose backend fails (unreachable, server error, stalled, malformed answer) is retried with
     backoff, on another backend when there is one, for at most `max_failovers` failed requests and the
     pool's retry budget; while no backend can take it, it waits within the same budget.
+
+    Bounded staleness: with `max_staleness` set, each sampled turn is first checked against the job's
+    turns so far: when the version it would be sampled under (its backend's, read after the dispatch gate,
+    so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
+    version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
+    `stale` (this and every later call raises), and "continue" samples it anyway.
     """
 
     def __init__(
@@ -92,12 +104,17 @@ class LLMSession:
         sampling_params: dict[str, Any] | None = None,
         *,
         max_failovers: int = 3,
+        max_staleness: int | None = None,
+        stale_policy: Literal["end", "continue"] = "end",
     ) -> None:
         self.job_id = job_id
         self.pool = pool
         self.trajectory = trajectory
         self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
         self.max_failovers = max_failovers
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.stale: str | None = None  # why the job ended stale (policy "end"), once it did
         self._turn_open = False
         self._finished = False
         self._lock = threading.Lock()
@@ -138,6 +155,7 @@ class LLMSession:
             # the weights this request was sent to: updates happen only while no call is in flight (the
             # dispatch gate), and a call aborted for an update is sent again, reading the new version
             version = backend.weight_version
+            self._check_staleness(version)
             max_new = requested_tokens(params, len(prompt), backend.max_model_len)
             started = time.monotonic()
             completion = await self.pool.client.complete(
@@ -231,11 +249,34 @@ class LLMSession:
             self._finished = True
             self.pool.release(self.job_id)
 
-    def _acquire(self, avoid: Collection[str]) -> Lease:
+    def _acquire(self, avoid: Collection[str], ticket: Ticket | None = None) -> Lease:
         with self._lock:
             if self._finished:
                 raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
-            return self.pool.acquire(self.job_id, avoid)
+            if self.stale is not None:
+                raise StaleRollout(self.stale)
+            return self.pool.acquire(self.job_id, avoid, ticket)
+
+    def _check_staleness(self, version: str | int | None) -> None:
+        """Raise StaleRollout (policy "end") when a turn sampled under `version` would be more than
+        `max_staleness` versions ahead of the oldest turn so far."""
+        if self.max_staleness is None or self.stale_policy != "end" or version is None:
+            return
+        worst: tuple[int, str | int] | None = None
+        for old in self.trajectory.weight_versions:
+            distance = self.pool.version_distance(old, version)
+            if distance is not None and (worst is None or distance > worst[0]):
+                worst = (distance, old)
+        if worst is None or worst[0] <= self.max_staleness:
+            return
+        distance, old = worst
+        self.stale = (
+            f"the job's oldest turn was sampled under weight version {old!r}, {distance} version(s) behind "
+            f"version {version!r} that its next turn would be sampled under; max_staleness is {self.max_staleness} "
+            f"(turn {len(self.trajectory.turns) + 1} was not sampled; the {len(self.trajectory.turns)} before "
+            "are kept)"
+        )
+        raise StaleRollout(self.stale)
 
     # internals ----------------------------------------------------------------------------------
 
@@ -293,7 +334,7 @@ class LLMSession:
             deadline += ticket.waited_s
             try:
                 try:
-                    lease = self._acquire(failed_on)
+                    lease = self._acquire(failed_on, ticket)
                 except NoBackendAvailable as exc:
                     delay = min(retry.delay_s(waits), deadline - loop.time())
                     if delay <= 0:
@@ -331,6 +372,7 @@ class LLMSession:
                     self.pool.succeeded(lease)
                     return result, backend
             finally:
+                self.pool.done(ticket)
                 gate.exit(ticket)
             await asyncio.sleep(delay)  # no backend placeable: wait outside the gate, then try again
 

@@ -183,7 +183,15 @@ class Orchestrator:
         agent_config = {k: v for k, v in request.sampling_params.items() if k in agent_keys}
         agent_config.update(request.agent_config)
         trajectory = Trajectory()
-        session = LLMSession(job_id, self.backends, trajectory, sampling, max_failovers=self.settings.llm_max_failovers)
+        session = LLMSession(
+            job_id,
+            self.backends,
+            trajectory,
+            sampling,
+            max_failovers=self.settings.llm_max_failovers,
+            max_staleness=request.max_staleness if request.max_staleness is not None else self.settings.max_staleness,
+            stale_policy=request.stale_policy or self.settings.stale_policy,
+        )
         ctx = JobContext(
             job_id=job_id,
             instance=request.instance,
@@ -322,6 +330,10 @@ class Orchestrator:
             await ctx.release()
             return
         exc = task.exception()
+        if ctx.llm.stale is not None:  # bounded staleness ended it, whatever the handler made of that
+            error = ErrorInfo(stage=stage, type="StaleRollout", message=ctx.llm.stale)
+            await self._finish(job, JobStatus.STALE, error=error)
+            return
         if exc is None:
             await self._advance(job, stage, task.result())
             return

@@ -22,10 +22,17 @@ from prorl_server.protocol.jobs import (
     JobStatusResponse,
     ProcessRequest,
     StageTiming,
+    StalePolicy,
     Trajectory,
     TurnRecord,
 )
-from prorl_server.protocol.llm_servers import AddLLMServerRequest, LLMServerInfo, LLMServerList
+from prorl_server.protocol.llm_servers import (
+    AddLLMServerRequest,
+    LLMServerInfo,
+    LLMServerList,
+    RemoveLLMServerRequest,
+    RemoveLLMServerResponse,
+)
 from prorl_server.protocol.server import (
     AckRequest,
     AckResponse,
@@ -74,8 +81,11 @@ __all__ = [
     "PauseRequest",
     "PauseResponse",
     "ProcessRequest",
+    "RemoveLLMServerRequest",
+    "RemoveLLMServerResponse",
     "Selection",
     "StageTiming",
+    "StalePolicy",
     "StatusResponse",
     "SwapRequest",
     "SwapResponse",

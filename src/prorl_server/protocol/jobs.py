@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, computed_field
 
 from prorl_server.protocol.bounded import JobId, TaskJson
 
 
 class JobStatus(StrEnum):
-    """Where a job is. The last four are terminal."""
+    """Where a job is. The last five are terminal.
+
+    `stale`: the job was about to sample a turn under weights more than its `max_staleness` versions newer
+    than its oldest turn's, with `stale_policy` "end"; its partial trajectory is kept (like a timeout's)."""
 
     QUEUED = "queued"
     INIT = "init"
@@ -20,9 +24,15 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
+    STALE = "stale"
 
 
-TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.TIMEOUT, JobStatus.CANCELLED})
+TERMINAL_STATUSES = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.TIMEOUT, JobStatus.CANCELLED, JobStatus.STALE}
+)
+
+StalePolicy = Literal["end", "continue"]
+"""What a job too far behind the current weights does at its next LLM call: end as `stale`, or go on."""
 
 
 class ProcessRequest(BaseModel):
@@ -32,6 +42,12 @@ class ProcessRequest(BaseModel):
     `prorl_server.handlers.AGENT_CONFIG_KEYS` (for example `max_turns`), which go to the handler
     as `ctx.agent_config`. `agent_config` may also be given explicitly; it wins over those keys.
     The three objects are free-form JSON within `bounded.TASK_JSON_LIMITS`.
+
+    Bounded staleness (per job; null = the server's `--max-staleness` and `--stale-policy`): before each
+    sampled turn, the job's oldest turn's weight version is compared with the version the turn would be
+    sampled under; more than `max_staleness` versions apart (integers: their difference; otherwise their
+    distance in the order versions were set), the job ends with status `stale` under `stale_policy` "end",
+    or goes on under the new weights with "continue" (partial rollout). 0 is strictly on-policy.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -42,6 +58,16 @@ class ProcessRequest(BaseModel):
     job_id: JobId | None = None
     timeout: float | None = Field(
         default=None, gt=0, le=30 * 24 * 3600, description="Seconds of stage time (queues excluded)."
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63,
+        strict=True,
+        description="Weight versions a job may fall behind before its next turn (default: the server's).",
+    )
+    stale_policy: StalePolicy | None = Field(
+        default=None, description='"end" (status stale) or "continue" past max_staleness (default: the server\'s).'
     )
 
 
@@ -66,6 +92,17 @@ class Trajectory(BaseModel):
     response_logprobs: list[float] = Field(default_factory=list, description="0.0 on observation tokens")
     turns: list[TurnRecord] = Field(default_factory=list)
     messages: list[dict[str, JsonValue]] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def weight_versions(self) -> list[str | int]:
+        """Every weight version the turns were sampled under, in turn order, each once (None left out)."""
+        seen: list[str | int] = []
+        for turn in self.turns:
+            version = turn.weight_version
+            if version is not None and not any(type(v) is type(version) and v == version for v in seen):
+                seen.append(version)
+        return seen
 
 
 class ErrorInfo(BaseModel):

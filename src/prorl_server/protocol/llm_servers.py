@@ -37,6 +37,26 @@ class AddLLMServerRequest(BaseModel):
     tags: TagsJson = Field(default_factory=dict)
 
 
+class RemoveLLMServerRequest(BaseModel):
+    """Body of `POST /remove_llm_server`: drain one backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: BackendAddress
+    abort: bool = Field(
+        default=False,
+        description="Close its calls in flight now (the engine aborts them; they are sent again on another "
+        "backend) instead of letting them finish.",
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Answer after this many seconds even if calls are still in flight on it (drained: false).",
+    )
+
+
 class LLMServerInfo(BaseModel):
     """One registered backend as `GET /llm_servers` shows it."""
 
@@ -64,3 +84,14 @@ class LLMServerList(BaseModel):
 
     policy: str
     servers: list[LLMServerInfo]
+
+
+class RemoveLLMServerResponse(BaseModel):
+    """Answer of `POST /remove_llm_server`."""
+
+    removed: LLMServerInfo = Field(description="The backend as it was when removed.")
+    moved_jobs: int = Field(description="Jobs pinned to it; each moves to another backend at its next call.")
+    aborted_calls: int = Field(description="Calls in flight on it that were aborted (abort: true) to be resent.")
+    in_flight_calls: int = Field(description="Calls still in flight on it when this answered.")
+    drained: bool = Field(description="No call is in flight on it any more: the engine may be stopped.")
+    remaining: int = Field(description="Backends still registered.")
