@@ -8,6 +8,7 @@ import time
 import pytest
 from polling import wait_for
 from pydantic import ValidationError
+from server_jobs import JOB, result, submit
 
 from prorl_server.cli import build_parser, settings_from_args
 from prorl_server.client import SyncRolloutClient
@@ -16,24 +17,6 @@ from prorl_server.handlers import AgentHandler, JobContext
 from prorl_server.llm.session import StaleRollout
 from prorl_server.protocol import TERMINAL_STATUSES, JobResult, JobStatus
 from prorl_server.testing import ScriptedReply
-
-JOB = {"instance": {"data_source": "multiturn", "question": "q"}}
-
-
-def submit(server, job_id: str, **extra) -> None:
-    response = server.http.post("/jobs", json={**JOB, "job_id": job_id, **extra})
-    assert response.status_code == 202, response.text
-
-
-def result(server, job_id: str, timeout: float = 20.0) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        found["r"] = server.http.get(f"/jobs/{job_id}").json()["result"]
-        return found["r"] is not None
-
-    wait_for(done, timeout, f"job {job_id} finished")
-    return found["r"]
 
 
 def versioned_server(start_server, backend, version, **settings):

@@ -6,26 +6,9 @@ import time
 
 import pytest
 from polling import wait_for
+from server_jobs import JOB, result, submit
 
 from prorl_server.testing import ScriptedReply
-
-JOB = {"instance": {"data_source": "multiturn", "question": "q"}}
-
-
-def submit(server, job_id: str, **extra) -> None:
-    response = server.http.post("/jobs", json={**JOB, "job_id": job_id, **extra})
-    assert response.status_code == 202, response.text
-
-
-def result(server, job_id: str, timeout: float = 20.0) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        found["r"] = server.http.get(f"/jobs/{job_id}").json()["result"]
-        return found["r"] is not None
-
-    wait_for(done, timeout, f"job {job_id} finished")
-    return found["r"]
 
 
 def weights(server) -> dict:
