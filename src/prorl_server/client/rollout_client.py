@@ -439,19 +439,14 @@ class RolloutClient:
 
     async def _on_owner(self, job_id: str, method: str, path: str, **kwargs: Any) -> Any:
         """The request on the server that has the job: the one it was sent to, else the first that knows it."""
-        owner = self._owners.get(job_id)
-        candidates = [owner] if owner else self.servers
-        for server in candidates:
-            try:
-                return await self._conn(server).request(method, path, **kwargs)
-            except RolloutServerError as exc:
-                if exc.status_code != 404 or server == candidates[-1]:
-                    raise
-        raise AssertionError("unreachable")
+        return await self._on_first_knowing(self._owners.get(job_id), method, path, **kwargs)
 
     async def _on_group_owner(self, group_id: str, method: str, path: str, **kwargs: Any) -> Any:
         """The request on the server that has the group: the one it was sent to, else the first that knows it."""
-        owner = self._group_owners.get(group_id)
+        return await self._on_first_knowing(self._group_owners.get(group_id), method, path, **kwargs)
+
+    async def _on_first_knowing(self, owner: str | None, method: str, path: str, **kwargs: Any) -> Any:
+        """The request on `owner`, or, unknown, on each server in turn until one does not answer 404."""
         candidates = [owner] if owner else self.servers
         for server in candidates:
             try:
