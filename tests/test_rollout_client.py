@@ -290,7 +290,12 @@ async def test_register_backends_calls_add_llm_server_per_assignment(start_serve
             assert {s.weight_version for s in listed} == {7}
         info = await client.add_llm_server(local[0], weight_version=8, tags={"node": 0}, server=second.url)
         assert isinstance(info, LLMServerInfo) and (info.weight_version, info.tags) == (8, {"node": 0})
-        assert await client.clear_llm_servers() == 4
+        drained = await client.remove_llm_server(remote, server=first.url)
+        assert drained.removed.address == remote and drained.drained and drained.remaining == 1
+        with pytest.raises(RolloutServerError) as unknown:
+            await client.remove_llm_server(remote, server=first.url)
+        assert unknown.value.status_code == 404
+        assert await client.clear_llm_servers() == 3
         assert (await client.llm_servers(server=first.url)).servers == []
 
 

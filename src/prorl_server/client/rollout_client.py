@@ -37,6 +37,8 @@ from prorl_server.protocol import (
     LLMServerInfo,
     LLMServerList,
     ProcessRequest,
+    RemoveLLMServerRequest,
+    RemoveLLMServerResponse,
     StatusResponse,
 )
 from prorl_server.protocol.server import API_KEY_ENV
@@ -366,6 +368,20 @@ class RolloutClient:
             "POST", "/add_llm_server", json=body.model_dump(mode="json")
         )
         return LLMServerInfo.model_validate(response.json())
+
+    async def remove_llm_server(
+        self, address: str, *, abort: bool = False, timeout_s: float | None = None, server: str | None = None
+    ) -> RemoveLLMServerResponse:
+        """`POST /remove_llm_server`: drain one backend (its pinned jobs move to others; its calls in flight
+        finish first, or are aborted and resent elsewhere with `abort=True`)."""
+        body = RemoveLLMServerRequest(address=address, abort=abort, timeout_s=timeout_s)
+        response = await self._conn(self._one(server)).request(
+            "POST",
+            "/remove_llm_server",
+            json=body.model_dump(mode="json"),
+            timeout=3600.0 if timeout_s is None else timeout_s + 30,  # it answers once the backend drained
+        )
+        return RemoveLLMServerResponse.model_validate(response.json())
 
     async def llm_servers(self, *, server: str | None = None) -> LLMServerList:
         """`GET /llm_servers`: the registered backends with their health and load."""

@@ -19,6 +19,7 @@ from prorl_server.protocol import (
     JobStatusResponse,
     LLMServerInfo,
     LLMServerList,
+    RemoveLLMServerResponse,
     StatusResponse,
 )
 
@@ -178,6 +179,12 @@ class SyncRolloutClient:
     ) -> LLMServerInfo:
         """See RolloutClient.add_llm_server."""
         return self._run(self.client.add_llm_server(address, weight_version, tags, server=server))
+
+    def remove_llm_server(
+        self, address: str, *, abort: bool = False, timeout_s: float | None = None, server: str | None = None
+    ) -> RemoveLLMServerResponse:
+        """See RolloutClient.remove_llm_server."""
+        return self._run(self.client.remove_llm_server(address, abort=abort, timeout_s=timeout_s, server=server))
 
     def llm_servers(self, *, server: str | None = None) -> LLMServerList:
         """See RolloutClient.llm_servers."""
