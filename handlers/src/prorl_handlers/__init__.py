@@ -1,1 +1,1 @@
-"""prorl-server's first-party handlers: `math`, `swe` and `code` (see each subpackage's docstring)."""
+"""prorl-server's first-party handlers: `math`, `swe`, `code` and `short_answer` (see each subpackage's docstring)."""
