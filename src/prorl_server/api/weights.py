@@ -3,10 +3,15 @@
 While paused, LLM calls wait at the backend pool's dispatch gate (`llm/dispatch_gate.py`): the wait does
 not spend their retry budget and is no backend failure. Every turn records the weight version of the
 backend that sampled it, and requests carry `cache_salt` naming that version.
+
+With `reload` in the body, each engine loads the new weights from a checkpoint directory and resets its
+prefix cache (vLLM's development endpoints, `llm/vllm_admin.py`) before the version is set.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
@@ -15,6 +20,9 @@ from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.llm import BackendPool
+from prorl_server.llm.backend import Backend
+from prorl_server.llm.errors import LLMError
+from prorl_server.llm.vllm_admin import Reloaded, reload_weights
 from prorl_server.protocol import (
     PauseRequest,
     PauseResponse,
@@ -26,6 +34,9 @@ from prorl_server.protocol import (
 )
 
 router = APIRouter(tags=["weights"])
+WEIGHTS_PATH = "weights_path"  # per-backend cache key: the checkpoint it last reloaded (loaded back on a failure)
+_SHOWN_FAILURES = 8  # failed backends a 502 names one by one
+_reload_locks: weakref.WeakKeyDictionary[BackendPool, asyncio.Lock] = weakref.WeakKeyDictionary()
 State = Annotated[ServerState, Depends(get_state)]
 
 
@@ -57,11 +68,15 @@ async def update(request: Request, state: State) -> Response:
 
     Only while paused and drained (409 otherwise: POST /weights/pause first). 409 when the version goes
     backwards: an integer must exceed every earlier integer version, a string must differ from every
-    earlier version. Jobs pinned to a removed backend move to another one on their next call."""
+    earlier version. Jobs pinned to a removed backend move to another one on their next call.
+
+    With `reload`, every backend (those of `servers`, if given) first loads the checkpoint and resets its
+    prefix cache; when one fails the answer is 502 naming it and the version stays as it was."""
     body = await parse_body(request, UpdateRequest)
     pool = state.backends
     _check_paused(pool, "update the weight version")
-    _apply(state, body)
+    _check_version(pool, body.version)
+    await _reload_and_apply(state, body, "update the weight version")
     return model_response(UpdateResponse(**_status(pool).model_dump(), servers=[b.info() for b in pool.backends()]))
 
 
@@ -79,7 +94,8 @@ async def swap(request: Request, state: State) -> Response:
 
     The body is checked before pausing: a bad version is 409 and changes nothing. When calls are still in
     flight after `timeout_s`, or someone resumed meanwhile, it is 409 and the server stays as it was then
-    (paused by this call unless it had been paused before: then a resume is up to the caller)."""
+    (paused by this call unless it had been paused before: then a resume is up to the caller). When a
+    `reload` fails it is 502 and the server stays paused (update again, or resume)."""
     body = await parse_body(request, SwapRequest)
     pool = state.backends
     gate = pool.gate
@@ -91,7 +107,12 @@ async def swap(request: Request, state: State) -> Response:
             gate.resume()
         raise HTTPException(409, f"{gate.in_flight} LLM call(s) still in flight after {body.timeout_s:g}s")
     _check_paused(pool, "swap weights")
-    _apply(state, body)
+    try:
+        await _reload_and_apply(state, body, "swap weights")
+    except HTTPException as exc:
+        if exc.status_code == 502:
+            exc.detail += "; LLM dispatching stays paused: POST /weights/update with the reload again, or resume"
+        raise
     gate.resume()
     return model_response(
         SwapResponse(
@@ -131,11 +152,79 @@ def _check_version(pool: BackendPool, version: str | int) -> None:
         raise HTTPException(409, conflict)
 
 
-def _apply(state: ServerState, body: UpdateRequest) -> None:
+def _apply(state: ServerState, body: UpdateRequest) -> list[Backend]:
     """Check and set the version (no await in between: routes run on one loop, so this is atomic)."""
     pool = state.backends
     _check_version(pool, body.version)
     servers = None if body.servers is None else [(s.address, s.tags) for s in body.servers]
-    pool.set_weight_version(body.version, servers)
+    backends = pool.set_weight_version(body.version, servers)
     if servers is not None:
         state.probe_soon()
+    return backends
+
+
+async def _reload_and_apply(state: ServerState, body: UpdateRequest, what: str) -> None:
+    """Without `reload`, set the version; with it, reload every engine first (502 if one fails), then check
+    again that nothing was resumed meanwhile and set the version. One reload at a time (409 otherwise)."""
+    if body.reload is None:
+        _apply(state, body)
+        return
+    pool = state.backends
+    lock = _reload_locks.setdefault(pool, asyncio.Lock())
+    if lock.locked():
+        raise HTTPException(409, "another weight update is reloading the engines; wait for its answer")
+    async with lock:
+        loaded = await _reload(state, body)
+        if not pool.gate.paused or pool.gate.in_flight:
+            raise HTTPException(
+                409,
+                f"LLM dispatching was resumed while {len(loaded)} engine(s) loaded {body.reload.path!r}; "
+                f"the weight version is unchanged: pause, then {what} again",
+            )
+        for backend in _apply(state, body):
+            pool.cache(backend, WEIGHTS_PATH, body.reload.path)
+
+
+async def _reload(state: ServerState, body: UpdateRequest) -> list[Reloaded]:
+    """Every target engine loads `body.reload.path` and resets its prefix cache, all at once; 502 naming the
+    ones that failed (each is given its previous checkpoint back).
+
+    The engine calls run on the health-check loop, whose HTTP connections the server closes when it stops."""
+    assert body.reload is not None
+    reload, pool = body.reload, state.backends
+    known = {b.address: b for b in pool.backends()}
+    if body.servers is None:
+        addresses = list(known)
+    else:
+        addresses = list(dict.fromkeys(s.address.rstrip("/") for s in body.servers))
+    previous = {a: pool.cached(known[a], WEIGHTS_PATH) if a in known else None for a in addresses}
+
+    async def reload_all() -> list[Reloaded | BaseException]:
+        calls = (
+            reload_weights(pool.client, a, reload.path, previous=previous[a], timeout_s=reload.timeout_s)
+            for a in addresses
+        )
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = await asyncio.wrap_future(state.health.submit(reload_all()))
+    loaded = [o for o in outcomes if isinstance(o, Reloaded)]
+    for address, outcome in zip(addresses, outcomes, strict=True):
+        if isinstance(outcome, Reloaded) and address in known:
+            pool.cache(known[address], WEIGHTS_PATH, reload.path)  # what the engine holds now, whatever follows
+        elif isinstance(outcome, BaseException) and not isinstance(outcome, LLMError):
+            raise outcome
+    failed = [str(o) for o in outcomes if isinstance(o, LLMError)]
+    if failed:
+        shown = " | ".join(failed[:_SHOWN_FAILURES]) + (
+            f" | and {len(failed) - _SHOWN_FAILURES} more" if len(failed) > _SHOWN_FAILURES else ""
+        )
+        others = ""
+        if loaded:
+            others = f"; {len(loaded)} other(s) did load it: " + ", ".join(r.address for r in loaded[:_SHOWN_FAILURES])
+            others += ", ..." if len(loaded) > _SHOWN_FAILURES else ""
+        raise HTTPException(
+            502,
+            f"{len(failed)} of {len(addresses)} LLM backend(s) did not reload their weights, so the weight "
+            f"version is unchanged: {shown}{others}",
+        )
+    return loaded

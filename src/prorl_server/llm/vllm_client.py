@@ -81,7 +81,7 @@ class VLLMClient:
         if client is not None:
             await client.aclose()
 
-    async def _call(
+    async def call(
         self, method: str, url: str, content: bytes | None, limit: int, timeout_s: float | None
     ) -> bytes | bytearray:
         """The body of a successful answer of at most `limit` bytes, within `timeout_s` (None: no stall limit)."""
@@ -124,7 +124,7 @@ class VLLMClient:
         if max_new_tokens is None:
             max_new_tokens = limits.requested_tokens(sampling_params, len(prompt_ids), None)
         limit = limits.completion_bytes(max_new_tokens, len(prompt_ids))
-        body = await self._call("POST", f"{address.rstrip('/')}/completions", _json(payload), limit, timeout_s)
+        body = await self.call("POST", f"{address.rstrip('/')}/completions", _json(payload), limit, timeout_s)
         return parse_completion(body, max_tokens=max_new_tokens, vocab_size=vocab_size)
 
     async def tokenize_messages(
@@ -173,7 +173,7 @@ class VLLMClient:
             payload["model"] = model
         content = _json(payload)
         url = f"{server_root(address)}/tokenize"
-        body = await self._call("POST", url, content, limits.tokenize_bytes(len(content)), timeout_s)
+        body = await self.call("POST", url, content, limits.tokenize_bytes(len(content)), timeout_s)
         return parse_tokens(body, vocab_size=vocab_size)
 
     async def detokenize(
@@ -184,18 +184,18 @@ class VLLMClient:
         if model is not None:
             payload["model"] = model
         url = f"{server_root(address)}/detokenize"
-        body = await self._call("POST", url, _json(payload), limits.detokenize_bytes(len(ids)), timeout_s)
+        body = await self.call("POST", url, _json(payload), limits.detokenize_bytes(len(ids)), timeout_s)
         return parse_detokenized(body)
 
     async def served_model(self, address: str, *, timeout_s: float | None = None) -> ServedModel:
         """The first model the backend serves, with its context length and vocabulary size (`GET /v1/models`)."""
         url = f"{address.rstrip('/')}/models"
-        return parse_served_model(await self._call("GET", url, None, limits.MODELS_BYTES, timeout_s))
+        return parse_served_model(await self.call("GET", url, None, limits.MODELS_BYTES, timeout_s))
 
     async def healthy(self, address: str, timeout_s: float = 5.0) -> tuple[bool, str | None]:
         """Probe `GET /health`; returns (ok, error message)."""
         try:
-            await self._call("GET", f"{server_root(address)}/health", None, limits.HEALTH_BYTES, timeout_s)
+            await self.call("GET", f"{server_root(address)}/health", None, limits.HEALTH_BYTES, timeout_s)
         except LLMError as exc:
             return False, str(exc)
         return True, None

@@ -41,6 +41,25 @@ class PauseRequest(BaseModel):
     )
 
 
+class WeightReload(BaseModel):
+    """Load new weights into every engine from a checkpoint directory (vLLM with `VLLM_SERVER_DEV_MODE=1`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="The checkpoint directory as the engines see it (safetensors of the served architecture).",
+    )
+    timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Give up on an engine whose reload has not answered within this many seconds (502).",
+    )
+
+
 class UpdateRequest(BaseModel):
     """Body of `POST /weights/update`."""
 
@@ -54,6 +73,11 @@ class UpdateRequest(BaseModel):
         min_length=1,
         max_length=MAX_SERVERS,
         description="Replace the registered backends by these (all at `version`); default: keep them.",
+    )
+    reload: WeightReload | None = Field(
+        default=None,
+        description="Before setting the version, each backend (of `servers`, if given) reloads its weights from "
+        "this checkpoint and resets its prefix cache; one that fails makes the answer 502 (version unchanged).",
     )
 
 

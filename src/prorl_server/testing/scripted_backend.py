@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord, misbehave
 
 MODEL_NAME = "scripted-test-double"
+MODEL_ROOT = "/scripted/model"  # the checkpoint `GET /v1/models` names as `root` (vLLM: the model it started with)
 
 
 class ToyChatTokenizer:
@@ -103,6 +104,11 @@ class ScriptedBackend:
         self.healthy = True
         self.faults: dict[Endpoint, collections.deque[Fault]] = collections.defaultdict(collections.deque)
         self.fault_log: list[FaultRecord] = []
+        # vLLM's weight-update endpoints (VLLM_SERVER_DEV_MODE=1): off, they answer 404 as vLLM's do
+        self.dev_mode = True
+        self.weights_path = MODEL_ROOT  # the checkpoint loaded now
+        self.bad_weight_paths: set[str] = set()  # reloading one of these fails (500) as a missing checkpoint does
+        self.admin_log: list[str] = []  # "reload_weights <path>", "reset_prefix_cache", in order
         self._lock = threading.Lock()
 
     def inject(self, endpoint: Endpoint | str, *faults: Fault | str) -> None:
@@ -174,7 +180,7 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
-        card: dict[str, Any] = {"id": MODEL_NAME, "object": "model", "max_model_len": 32768}
+        card: dict[str, Any] = {"id": MODEL_NAME, "object": "model", "root": MODEL_ROOT, "max_model_len": 32768}
         if backend.report_vocab_size:
             card["meta"] = {"n_vocab": tok.VOCAB_SIZE}
         return await answer(Endpoint.MODELS, {"object": "list", "data": [card]}, request)
@@ -250,6 +256,27 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=body.get("max_tokens"))
         record.outcome = "done" if answered is response else "faulted"  # a fault's fate is in fault_log
         return answered
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(body: dict[str, Any]) -> Any:
+        if not backend.dev_mode:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        kwargs = body.get("kwargs") or {}
+        if body.get("method") != "reload_weights" or not isinstance(kwargs.get("weights_path"), str):
+            return error(f"the double runs only reload_weights(weights_path=...), not {body.get('method')!r}", 500)
+        path = kwargs["weights_path"]
+        backend.admin_log.append(f"reload_weights {path}")
+        if path in backend.bad_weight_paths:
+            return error(f"Call to collective_rpc method failed: Cannot find any model weights with `{path}`", 500)
+        backend.weights_path = path
+        return {"results": [None]}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Any:
+        if not backend.dev_mode:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        backend.admin_log.append("reset_prefix_cache")
+        return {"success": True}
 
     @app.post("/script")
     async def script(replies: list[ScriptedReply]) -> dict[str, int]:

@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument(
         "--kv-cache-gib", type=int, default=defaults.kv_cache_gib, help="KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE)"
     )
+    start.add_argument(
+        "--weight-reload",
+        action="store_true",
+        help="enable the endpoints POST /weights/update's `reload` calls (VLLM_SERVER_DEV_MODE=1: vLLM's "
+        "development endpoints, which anyone reaching the port may call)",
+    )
     start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for health")
     start.add_argument("--foreground", action="store_true", help="run vLLM in this process (no PID file)")
     start.add_argument("--print-command", action="store_true", help="print the vLLM command and exit")
@@ -100,6 +106,7 @@ def settings_from(args: argparse.Namespace) -> VllmCpuSettings:
         scheduling_policy=args.scheduling_policy,
         max_num_seqs=args.max_num_seqs,
         kv_cache_gib=args.kv_cache_gib,
+        weight_reload=getattr(args, "weight_reload", False),
         extra_args=extra,
     )
 

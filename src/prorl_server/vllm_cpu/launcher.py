@@ -37,6 +37,9 @@ class VllmCpuSettings:
     scheduling_policy: str = "priority"
     max_num_seqs: int | None = None  # vLLM's default
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (whole GiB): 1 GiB holds about 23,000 tokens of this model
+    # VLLM_SERVER_DEV_MODE=1: vLLM's development endpoints, among them the two that `POST /weights/update`
+    # with `reload` calls (/collective_rpc, /reset_prefix_cache); anyone who reaches the port may call them
+    weight_reload: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -73,7 +76,8 @@ def vllm_command(install: VllmCpuInstall, settings: VllmCpuSettings) -> list[str
 
 
 def vllm_environment(settings: VllmCpuSettings, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The process environment: KV cache size, and nothing fetched from the network or reported."""
+    """The process environment: KV cache size, nothing fetched from the network or reported, and with
+    `weight_reload` vLLM's development endpoints (VLLM_SERVER_DEV_MODE=1)."""
     env = dict(os.environ if base is None else base)
     env.update(
         VLLM_CPU_KVCACHE_SPACE=str(settings.kv_cache_gib),
@@ -82,6 +86,8 @@ def vllm_environment(settings: VllmCpuSettings, base: dict[str, str] | None = No
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
     )
+    if settings.weight_reload:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
 
 
