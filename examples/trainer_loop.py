@@ -36,10 +36,8 @@ from collections.abc import Iterator
 from importlib.metadata import entry_points
 from typing import Any
 
-import httpx
-
 from prorl_server.client import StepReport, SyncDapoCollector, SyncRolloutClient
-from prorl_server.launch import LocalStack, auth_headers, run_with_stack
+from prorl_server.launch import LocalStack, run_with_stack
 from prorl_server.protocol import GroupResult
 
 TASK = "short_answer"
@@ -111,18 +109,11 @@ def versions_seen(groups: list[GroupResult]) -> str:
     return " ".join(f"v{v}x{n}" if v != "none" else f"none x{n}" for v, n in sorted(counts.items()))
 
 
-def swap(server: str, version: int) -> float:
-    """`POST /weights/swap`: pause (calls in flight finish), set the version, resume; returns the seconds."""
+def swap(client: SyncRolloutClient, version: int) -> float:
+    """`POST /weights/swap` through the client: pause (calls in flight finish), set the version, resume;
+    returns the seconds it took."""
     started = time.monotonic()
-    answer = httpx.post(
-        f"{server}/weights/swap",
-        json={"version": version, "mode": "wait"},
-        headers=auth_headers(),
-        timeout=120.0,
-        trust_env=False,
-    )
-    if answer.status_code != 200:
-        raise RuntimeError(f"POST /weights/swap version {version}: HTTP {answer.status_code}: {answer.text}")
+    client.swap_weights(version, mode="wait")
     return time.monotonic() - started
 
 
@@ -152,7 +143,7 @@ def run_loop(stack: LocalStack, args: argparse.Namespace) -> int:
             why = "it is not registered" if handler is None else handler.error
             print(f"ERROR: the server cannot serve {TASK!r}: {why}; `.venv/bin/pip install -e handlers`")
             return 2
-        swap(server, 0)  # the initial policy: version 0
+        swap(client, 0)  # the initial policy: version 0
         print(
             f"[3/3] {args.steps} steps of {args.groups} informative groups x {args.group_size} samples "
             f"({args.in_flight} groups in flight, {args.max_tokens} tokens per reply, policy v0)\n"
@@ -169,7 +160,7 @@ def run_loop(stack: LocalStack, args: argparse.Namespace) -> int:
                 advs = [abs(a) for group in report.groups for a in advantages(group)]
                 rewards = [r.reward or 0.0 for group in report.groups for r in group.results]
                 seen = versions_seen(report.groups)
-                swap_s = swap(server, step + 1)  # the "update": same engine, new version
+                swap_s = swap(client, step + 1)  # the "update": same engine, new version
                 print(
                     row(
                         [

@@ -352,3 +352,19 @@ def test_the_readme_example_runs(server, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and all(line.endswith(" completed 1.0 0") for line in lines), lines
     assert server.http.get("/jobs").json()["results"] == []  # acknowledged
+
+
+def test_weight_calls_pause_update_resume_and_swap_every_server(start_server, backend):
+    servers = [start_server([backend.address]), start_server([backend.address])]
+    with SyncRolloutClient([s.url for s in servers], retry=FAST_RETRY) as client:
+        paused = client.pause_weights()
+        assert set(paused) == {s.url for s in servers} and all(p.paused and p.drained for p in paused.values())
+        updated = client.update_weights(3)
+        assert {u.version for u in updated.values()} == {3}
+        assert all(not r.paused for r in client.resume_weights().values())
+        swapped = client.swap_weights(4, server=servers[0].url)
+        assert list(swapped) == [servers[0].url] and swapped[servers[0].url].version == 4
+        assert {url: w.version for url, w in client.weights().items()} == {servers[0].url: 4, servers[1].url: 3}
+        with pytest.raises(RolloutServerError) as backwards:
+            client.swap_weights(2, server=servers[1].url)
+        assert backwards.value.status_code == 409

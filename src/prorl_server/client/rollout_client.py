@@ -10,9 +10,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from prorl_server.client.connection import CONNECT_TIMEOUT_S, ServerConnection
@@ -36,12 +37,21 @@ from prorl_server.protocol import (
     JobStatusResponse,
     LLMServerInfo,
     LLMServerList,
+    PauseRequest,
+    PauseResponse,
     ProcessRequest,
     RemoveLLMServerRequest,
     RemoveLLMServerResponse,
     StatusResponse,
+    SwapRequest,
+    SwapResponse,
+    UpdateRequest,
+    UpdateResponse,
+    WeightsStatus,
 )
 from prorl_server.protocol.server import API_KEY_ENV
+
+M = TypeVar("M", bound=BaseModel)
 
 Request = ProcessRequest | Mapping[str, Any]
 """A job: a ProcessRequest, or a dict of its fields (validated before it is sent)."""
@@ -393,6 +403,54 @@ class RolloutClient:
         servers = [self._one(server)] if server is not None else self.servers
         responses = await asyncio.gather(*(self._conn(s).request("POST", "/clear_llm_server") for s in servers))
         return sum(int(response.json()["removed"]) for response in responses)
+
+    async def weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
+        """`GET /weights` of `server`, or of every server: server -> pause state and weight version."""
+        return await self._on_servers(server, "GET", "/weights", None, WeightsStatus)
+
+    async def pause_weights(
+        self, mode: str = "wait", *, timeout_s: float | None = None, server: str | None = None
+    ) -> dict[str, PauseResponse]:
+        """`POST /weights/pause` on `server`, or on every server; each answers once no call is in flight."""
+        body = PauseRequest(mode=mode, timeout_s=timeout_s).model_dump(mode="json", exclude_none=True)
+        return await self._on_servers(server, "POST", "/weights/pause", body, PauseResponse)
+
+    async def update_weights(
+        self, version: str | int, *, reload_path: str | None = None, server: str | None = None
+    ) -> dict[str, UpdateResponse]:
+        """`POST /weights/update` (while paused) on `server`, or on every server; with `reload_path` each
+        backend first reloads its weights from that directory."""
+        body = UpdateRequest(version=version, reload={"path": reload_path} if reload_path else None)
+        return await self._on_servers(
+            server, "POST", "/weights/update", body.model_dump(mode="json", exclude_none=True), UpdateResponse
+        )
+
+    async def resume_weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
+        """`POST /weights/resume` on `server`, or on every server."""
+        return await self._on_servers(server, "POST", "/weights/resume", None, WeightsStatus)
+
+    async def swap_weights(
+        self,
+        version: str | int,
+        *,
+        mode: str = "wait",
+        reload_path: str | None = None,
+        server: str | None = None,
+    ) -> dict[str, SwapResponse]:
+        """`POST /weights/swap` (pause, update, resume in one call) on `server`, or on every server."""
+        body = SwapRequest(version=version, mode=mode, reload={"path": reload_path} if reload_path else None)
+        return await self._on_servers(
+            server, "POST", "/weights/swap", body.model_dump(mode="json", exclude_none=True), SwapResponse
+        )
+
+    async def _on_servers(
+        self, server: str | None, method: str, path: str, body: dict[str, Any] | None, model: type[M]
+    ) -> dict[str, M]:
+        """The same request on `server`, or on every server at once; server -> parsed answer."""
+        servers = [self._one(server)] if server is not None else self.servers
+        kwargs = {"json": body} if body is not None else {}
+        responses = await asyncio.gather(*(self._conn(s).request(method, path, **kwargs) for s in servers))
+        return {s: model.model_validate(r.json()) for s, r in zip(servers, responses, strict=True)}
 
     async def register_backends(
         self,

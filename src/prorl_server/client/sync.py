@@ -19,8 +19,12 @@ from prorl_server.protocol import (
     JobStatusResponse,
     LLMServerInfo,
     LLMServerList,
+    PauseResponse,
     RemoveLLMServerResponse,
     StatusResponse,
+    SwapResponse,
+    UpdateResponse,
+    WeightsStatus,
 )
 
 T = TypeVar("T")
@@ -193,6 +197,32 @@ class SyncRolloutClient:
     def clear_llm_servers(self, *, server: str | None = None) -> int:
         """See RolloutClient.clear_llm_servers."""
         return self._run(self.client.clear_llm_servers(server=server))
+
+    def weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
+        """See RolloutClient.weights."""
+        return self._run(self.client.weights(server=server))
+
+    def pause_weights(
+        self, mode: str = "wait", *, timeout_s: float | None = None, server: str | None = None
+    ) -> dict[str, PauseResponse]:
+        """See RolloutClient.pause_weights."""
+        return self._run(self.client.pause_weights(mode, timeout_s=timeout_s, server=server))
+
+    def update_weights(
+        self, version: str | int, *, reload_path: str | None = None, server: str | None = None
+    ) -> dict[str, UpdateResponse]:
+        """See RolloutClient.update_weights."""
+        return self._run(self.client.update_weights(version, reload_path=reload_path, server=server))
+
+    def resume_weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
+        """See RolloutClient.resume_weights."""
+        return self._run(self.client.resume_weights(server=server))
+
+    def swap_weights(
+        self, version: str | int, *, mode: str = "wait", reload_path: str | None = None, server: str | None = None
+    ) -> dict[str, SwapResponse]:
+        """See RolloutClient.swap_weights."""
+        return self._run(self.client.swap_weights(version, mode=mode, reload_path=reload_path, server=server))
 
     def register_backends(
         self,
