@@ -5,8 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 from pathlib import Path
 from typing import Any
+
+
+def report_header(args: argparse.Namespace) -> dict[str, Any]:
+    """The start of a benchmark's JSON: the machine (CPUs, Python, load) and every command-line option."""
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_start": os.getloadavg()[0],
+        },
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
 
 
 def positive_int(text: str) -> int:

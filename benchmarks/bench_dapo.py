@@ -67,8 +67,6 @@ import argparse
 import asyncio
 import itertools
 import math
-import os
-import platform
 import random
 import statistics
 import sys
@@ -77,7 +75,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _report import check, finish, positive_int, print_checks
+from _report import check, finish, positive_int, print_checks, report_header
 
 from prorl_server.api import ServerState, create_app
 from prorl_server.client import DapoCollector, IdleWorkerMeter, RolloutClient, StepReport, reward_variance_positive
@@ -346,14 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.zero_variance < 1:
         parser.error("--zero-variance must be in [0, 1)")
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m_at_start": os.getloadavg()[0],
-        },
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-    }
+    report: dict[str, Any] = report_header(args)
     failures: dict[str, str] = {}
     backend = server = None
     try:

@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -60,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _report import check, finish, positive_int, print_checks
+from _report import check, finish, positive_int, print_checks, report_header
 
 from prorl_server.launch import LocalStack
 from prorl_server.testing import RecordedGeneration, RecordingProxy, UvicornThread
@@ -359,14 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_avg_1m_at_start": os.getloadavg()[0],
-        },
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-    }
+    report: dict[str, Any] = report_header(args)
     failures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as tmp:
         try:
