@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from polling import wait_for
 
 from prorl_server.testing import RecordingProxy, UvicornThread
 from prorl_server.testing.uvicorn_thread import free_port
@@ -74,6 +75,11 @@ class Engine:
     def waiting(self) -> int:
         """Requests queued for a slot."""
         return int(self.metrics()["vllm:num_requests_waiting"])
+
+    def wait_idle(self, timeout: float = 180) -> None:
+        """Wait until nothing runs or waits: the engine is shared by the session, and a request an earlier
+        test walked away from may still be finishing its step."""
+        wait_for(lambda: self.running() == 0 and self.waiting() == 0, timeout, f"{self.kind} engine idle")
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ def job(server, job_id: str) -> dict:
 
 
 def test_cancelling_a_job_aborts_its_engine_request(start_server, engine):
+    engine.wait_idle()
     server = start_server([engine.address])
     submit_long_turn(server, "cancel-me")
     wait_for(lambda: engine.running() == 1, 60, "the engine generating the job's turn")
@@ -30,6 +31,7 @@ def test_cancelling_a_job_aborts_its_engine_request(start_server, engine):
 
 
 def test_a_job_that_times_out_aborts_its_engine_request(start_server, engine):
+    engine.wait_idle()
     server = start_server([engine.address])
     submit_long_turn(server, "slow-job", timeout=3)
     wait_for(lambda: job(server, "slow-job")["status"] == "timeout", 60, "the job timed out")
@@ -38,6 +40,7 @@ def test_a_job_that_times_out_aborts_its_engine_request(start_server, engine):
 
 
 def test_stopping_the_server_aborts_engine_requests(start_server, engine):
+    engine.wait_idle()
     server = start_server([engine.address])
     submit_long_turn(server, "stopped-job")
     wait_for(lambda: engine.running() == 1, 60, "the engine generating the job's turn")

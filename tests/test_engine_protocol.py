@@ -173,6 +173,7 @@ def test_queued_requests_run_lower_priority_value_first(engine):
     one slot (its client goes away): the later but more urgent request takes it and finishes first."""
     prompt = tokenize_chat(engine)
     finished: list[str] = []
+    engine.wait_idle()  # the counts below assume these are the only requests
 
     async def one(http: httpx.AsyncClient, name: str, max_tokens: int, priority: int) -> None:
         body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "priority": priority}
@@ -216,6 +217,7 @@ def test_cache_salt_separates_prefix_reuse(engine):
 
 def test_a_client_that_disconnects_aborts_its_request(engine):
     prompt = tokenize_chat(engine)
+    engine.wait_idle()
 
     async def scenario() -> float:
         async with httpx.AsyncClient(timeout=300, trust_env=False) as http:
