@@ -1,9 +1,10 @@
-"""Draining one backend (`POST /remove_llm_server`): it takes no new calls, jobs pinned to it move to another
+"""Draining one backend (`POST /remove_llm_server`, or `DELETE /llm_servers/{address}`): it takes no new calls, jobs pinned to it move to another
 backend at their next call (resending their token prefix), its calls in flight finish or are aborted."""
 
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 from polling import wait_for
 from server_jobs import JOB, result, submit
@@ -21,6 +22,10 @@ def add(server, backend) -> None:
 
 def remove(server, address: str, **extra):
     return server.http.post("/remove_llm_server", json={"address": address, **extra})
+
+
+def delete(server, address: str, **params):
+    return server.http.delete(f"/llm_servers/{quote(address, safe='')}", params=params)
 
 
 def test_drain_lets_the_call_in_flight_finish_then_moves_pinned_jobs(start_server, start_backend):
@@ -67,7 +72,7 @@ def test_drain_with_abort_resends_the_call_elsewhere(start_server, start_backend
     add(server, new)
 
     started = time.monotonic()
-    body = remove(server, old.address, abort=True).json()
+    body = delete(server, old.address, abort="true").json()  # the same drain, as DELETE
     assert time.monotonic() - started < 5
     assert body["aborted_calls"] == 1 and body["moved_jobs"] == 1 and body["drained"] is True, body
     wait_for(lambda: old.double.requests[1].outcome == "aborted", 5, "the engine saw the request closed")
@@ -144,6 +149,12 @@ def test_unknown_address_is_404_and_bad_bodies_422(server, backend):
     ):
         response = server.http.post("/remove_llm_server", json=body)
         assert response.status_code == 422, (body, response.text)
+    for params in ({"abort": "maybe"}, {"timeout_s": "0"}, {"timeout_s": "nan"}):
+        response = delete(server, backend.address, **params)
+        assert response.status_code == 422, (params, response.text)
+    response = delete(server, "ftp://host/v1")
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"][0] == "path", response.text
+    assert delete(server, "http://127.0.0.1:1/v1").status_code == 404
     assert registered(server) == [backend.address]  # nothing of that removed it
 
     assert remove(server, backend.address).status_code == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from prorl_server.pipeline.groups import select
+from prorl_server.pipeline.redundancy import LengthHistory
 from prorl_server.protocol import JobResult, JobStatus, MemberRole, Selection, Trajectory, TurnRecord
 from prorl_server.testing import ScriptedReply
 
@@ -161,6 +162,10 @@ def test_bad_group_requests_are_4xx(server, backend):
         {"instance": QUESTION, "n": 2, "n_launch": 100_000},
         {"instance": QUESTION, "n": 2, "surprise": 1},
         {"n": 2},
+        {"instance": QUESTION, "n": 2, "n_launch": 3, "adaptive": {}},
+        {"instance": QUESTION, "n": 3, "adaptive": {"max_launch": 2}},
+        {"instance": QUESTION, "n": 2, "adaptive": {"redundancy": 0.5}},
+        {"instance": QUESTION, "n": 2, "adaptive": {"surprise": 1}},
     ]
     for body in bad:
         response = server.http.post("/groups", json=body)
@@ -225,3 +230,76 @@ def test_delete_group_cancels_its_members(server, backend):
     assert [m["status"] for m in group["members"]] == ["cancelled"] * 3
     wait_until(lambda: [r.outcome for r in backend.double.requests] == ["aborted"] * 3)
     assert server.http.delete("/groups/gone").json() == group  # idempotent
+
+
+def darts_greedy(weights: list[float], n: int, total: int, upper: int) -> list[int]:
+    """DARTS' Algorithm 1 as the paper writes it (the reference the server's closed form is checked against)."""
+    budget = [n] * len(weights)
+    for _ in range(total - n * len(weights)):
+        gains = [w * (1 / m - 1 / (m + 1)) if m < upper else -1.0 for w, m in zip(weights, budget, strict=True)]
+        budget[gains.index(max(gains))] += 1
+    return budget
+
+
+def test_adaptive_budget_follows_dartss_allocation():
+    history = LengthHistory()
+    assert history.budget("new", 4, 1.5, 8) == 6  # nothing known: n * redundancy
+    spreads = {"flat": [10, 10, 10], "a": [10, 20, 30], "b": [10, 50, 90], "c": [10, 110, 210], "wild": [5, 400, 800]}
+    for key, lengths in spreads.items():
+        history.record(key, lengths)
+    budgets = {key: history.budget(key, 4, 1.5, 100) for key in spreads}
+    assert budgets["flat"] == 4  # the least spread: the lower bound
+    assert list(budgets.values()) == sorted(budgets.values()) and budgets["wild"] == 12  # more spread, more members
+    weights = [history.spread(k) / history.spread("wild") for k in spreads]  # min-max: flat's spread is 0
+    reference = darts_greedy(weights, 4, sum(budgets.values()), 100)
+    assert all(abs(ours - ref) <= 1 for ours, ref in zip(budgets.values(), reference, strict=True)), (
+        budgets,
+        reference,
+    )
+    assert history.budget("wild", 4, 1.5, 8) == 8  # clipped to max_launch
+    assert history.budget("unseen", 4, 1.5, 8) == 6
+
+    history.record("flat", [10, 1010])  # the moving average: half the old spread, half the new one
+    assert history.spread("flat") == 250.0
+    history.record("flat", [7])  # one length has no spread: ignored
+    assert history.spread("flat") == 250.0
+
+
+def test_length_history_forgets_the_least_recently_seen_prompts():
+    history = LengthHistory(max_prompts=2)
+    for key in ("a", "b", "c"):
+        history.record(key, [1, 3])
+    assert history.spread("a") is None and len(history) == 2
+    history.record("b", [1, 5])
+    history.record("d", [1, 3])
+    assert history.spread("c") is None and history.spread("b") is not None
+
+
+def test_adaptive_groups_size_by_their_prompts_length_spread_and_tail_prune_at_the_cap(server, backend):
+    varied = {"data_source": "multiturn", "question": "varied"}
+    steady = {"data_source": "multiturn", "question": "steady"}
+    adaptive = {"max_launch": 4}  # n = 2: a new prompt gets 3 members, the most spread prompt 4, the least 2
+
+    backend.double.push(*(ScriptedReply(text="DONE" + "x" * k) for k in (1, 40, 80)))
+    first = server.http.post("/groups", json={"instance": varied, "n": 2, "adaptive": adaptive}).json()
+    backend.double.push(*(ScriptedReply(text="DONE same") for _ in range(3)))
+    other = server.http.post("/groups", json={"instance": steady, "n": 2, "adaptive": adaptive}).json()
+    assert (first["n_launch"], other["n_launch"]) == (3, 3) and not first["tail_pruned"]
+
+    # the varied prompt is now the most spread: 4 members, its cap, so dual_end is tail-pruned
+    backend.double.push(*(ScriptedReply(text="DONE fast", delay_s=0.2) for _ in range(2)))
+    backend.double.push(*(ScriptedReply(text="DONE slow", delay_s=30) for _ in range(2)))
+    started = time.monotonic()
+    body = {"instance": varied, "n": 2, "adaptive": adaptive, "selection": "dual_end", "group_id": "pruned"}
+    group = server.http.post("/groups", json=body).json()
+    assert time.monotonic() - started < 10  # it did not wait for the slow members
+    assert group["n_launch"] == 4 and group["tail_pruned"] and group["status"] == "completed"
+    assert sorted(m["status"] for m in group["members"]) == ["cancelled", "cancelled", "completed", "completed"]
+    assert [r["artifacts"]["answer"] for r in group["results"]] == ["DONE fast", "DONE fast"]
+    wait_until(lambda: live_jobs(server) == {})
+
+    # the steady prompt is the least spread: n members, and a dual_end group below its cap runs them all
+    backend.double.push(*(ScriptedReply(text="DONE same") for _ in range(2)))
+    body = {"instance": steady, "n": 2, "adaptive": adaptive, "selection": "dual_end"}
+    group = server.http.post("/groups", json=body).json()
+    assert group["n_launch"] == 2 and not group["tail_pruned"] and group["usable"] == 2

@@ -8,6 +8,7 @@ import pytest
 from polling import wait_for
 from server_jobs import JOB, result, submit
 
+from prorl_server.pipeline import PausableTimer
 from prorl_server.testing import ScriptedReply
 
 
@@ -235,3 +236,46 @@ def test_a_job_waiting_at_the_pause_can_be_cancelled(start_server, backend):
     assert result(server, "j")["status"] == "cancelled"
     wait_for(lambda: weights(server)["waiting_calls"] == 0, 5, "the cancelled call left the gate")
     assert backend.double.requests == []
+
+
+def test_a_pause_does_not_use_up_a_jobs_timeout(start_server, backend):
+    """A 1.5 s job waits 3 s at a pause and still completes; the wait is reported apart from its stages."""
+    server = versioned_server(start_server, backend, version=1)
+    backend.double.push(ScriptedReply(text="a", delay_s=0.3), "DONE")
+    assert server.http.post("/weights/pause", json={}).status_code == 200
+    submit(server, "patient", timeout=1.5, agent_config={"max_turns": 3})
+    wait_for(lambda: weights(server)["waiting_calls"] == 1, 10, "the job's first call waits")
+    time.sleep(3.0)
+    assert server.http.get("/jobs/patient").json()["status"] == "run"  # twice its budget, and not timed out
+    assert server.http.post("/weights/resume").status_code == 200
+    res = result(server, "patient")
+    assert res["status"] == "completed", res
+    timing = res["timing"]
+    assert timing["weight_pause_s"] >= 2.9 and timing["run_s"] < 1.5, timing
+    parts = timing["queue_s"] + timing["init_s"] + timing["run_s"] + timing["eval_s"] + timing["weight_pause_s"]
+    assert parts == pytest.approx(timing["total_s"], abs=0.05)
+
+    # without a pause the same budget still ends a job that takes too long
+    backend.double.push(ScriptedReply(text="slow", delay_s=5))
+    submit(server, "impatient", timeout=1.5)
+    res = result(server, "impatient")
+    assert res["status"] == "timeout" and res["timing"]["weight_pause_s"] == 0.0, res
+
+
+def test_budget_timer_holds_nest_and_stop_the_clock():
+    now = [0.0]
+    timer = PausableTimer(10.0, clock=lambda: now[0])
+    timer.start("run")
+    now[0] = 2.0
+    timer.hold()
+    timer.hold()
+    now[0] = 5.0
+    timer.release()
+    assert timer.held and timer.remaining() == 8.0 and timer.held_s == 3.0
+    now[0] = 7.0
+    timer.release()
+    timer.release()  # one too many: ignored
+    now[0] = 8.0
+    assert not timer.held and timer.stage_seconds("run") == 3.0 and timer.remaining() == 7.0
+    timer.pause()
+    assert timer.held_s == 5.0 and timer.wall_s() == 8.0

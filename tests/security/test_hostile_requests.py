@@ -9,6 +9,7 @@ every operation of the OpenAPI document, with data that fits the schema and data
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -131,11 +132,13 @@ def app_routes(app: fastapi.FastAPI) -> list[Route]:
     """Every (method, path) the app serves, HEAD aside; FastAPI >= 0.16x keeps included routers nested."""
     paths = app.openapi()["paths"]
     flatten = getattr(fastapi.routing, "iter_route_contexts", lambda routes: routes)
-    return [
-        Route(method, route.path, paths.get(route.path, {}).get(method.lower(), {}))
-        for route in flatten(app.routes)
-        for method in sorted((route.methods or set()) - {"HEAD"})
-    ]
+    routes = []
+    for route in flatten(app.routes):
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # `{address:path}` is `{address}` in OpenAPI
+        routes += [
+            Route(m, path, paths.get(path, {}).get(m.lower(), {})) for m in sorted((route.methods or set()) - {"HEAD"})
+        ]
+    return routes
 
 
 def body_schema(route: Route, components: dict[str, Any]) -> dict[str, Any] | None:

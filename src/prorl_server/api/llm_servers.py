@@ -1,4 +1,5 @@
-"""LLM backend routes: register, drain one, clear, list."""
+"""LLM backend routes: register, drain one (POST /remove_llm_server or DELETE /llm_servers/{address}), clear,
+list."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import asyncio
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
@@ -45,7 +48,27 @@ async def remove_llm_server(request: Request, state: State) -> Response:
 
     Removing the last backend is allowed: the jobs' next calls then wait, within `--llm-retry-budget`, for a
     backend to be added (POST /add_llm_server), and fail past it; new jobs get 503 meanwhile."""
-    body = await parse_body(request, RemoveLLMServerRequest)
+    return await _drain(state, await parse_body(request, RemoveLLMServerRequest))
+
+
+@router.delete("/llm_servers/{address:path}", response_model=RemoveLLMServerResponse)
+async def delete_llm_server(
+    state: State,
+    address: str,
+    abort: bool = False,
+    timeout_s: Annotated[float | None, Query(gt=0, le=86400, allow_inf_nan=False)] = None,
+) -> Response:
+    """The same drain as `POST /remove_llm_server`, with the address URL-encoded in the path
+    (`DELETE /llm_servers/http%3A%2F%2Fnode7%3A8000%2Fv1?abort=true`) and the options as query parameters."""
+    try:
+        body = RemoveLLMServerRequest(address=address, abort=abort, timeout_s=timeout_s)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
+        raise RequestValidationError([{**err, "loc": ("path", *err["loc"])} for err in errors]) from None
+    return await _drain(state, body)
+
+
+async def _drain(state: ServerState, body: RemoveLLMServerRequest) -> Response:
     pool = state.backends
     removed = pool.remove(body.address, abort=body.abort)
     if removed is None:

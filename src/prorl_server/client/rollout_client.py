@@ -216,9 +216,10 @@ class RolloutClient:
         model = _with_group_id(request)
         body = model.model_dump(mode="json", exclude_none=True)
         server = await self._place(server)
-        self._loads.sent[server] += model.launch - 1  # the placement counted one job; a group is n_launch
+        self._loads.sent[server] += model.expected_launch - 1  # the placement counted one job; a group is more
         response = await self._conn(server).request("POST", "/groups", json=body, params={"wait": "false"})
         accepted = GroupAccepted.model_validate(response.json())
+        self._loads.sent[server] += len(accepted.job_ids) - model.expected_launch  # what the server launched
         self._group_owners[accepted.group_id] = server
         for job_id in accepted.job_ids:
             self._owners[job_id] = server

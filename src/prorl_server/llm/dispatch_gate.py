@@ -19,11 +19,19 @@ import threading
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 T = TypeVar("T")
 
 PauseMode = Literal["wait", "abort"]
+
+
+class PauseClock(Protocol):
+    """A clock a call stops while it waits at the gate (a job's budget timer)."""
+
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 class DispatchAborted(Exception):
@@ -99,23 +107,32 @@ class DispatchGate:
 
     # callers ---------------------------------------------------------------------------------------
 
-    async def enter(self) -> Ticket:
-        """Wait while paused, then count the call as in flight; pair with `exit(ticket)`."""
+    async def enter(self, clock: PauseClock | None = None) -> Ticket:
+        """Wait while paused, then count the call as in flight; pair with `exit(ticket)`. `clock` is held
+        while the call waits."""
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        while True:
-            with self._lock:
-                if not self._paused:
-                    ticket = Ticket(self, waited_s=time.monotonic() - started)
-                    self._in_flight.add(ticket)
-                    return ticket
-                future: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, future))
-            try:
-                await future
-            finally:
-                with self._lock, contextlib.suppress(ValueError):
-                    self._waiters.remove((loop, future))
+        holding = False
+        try:
+            while True:
+                with self._lock:
+                    if not self._paused:
+                        ticket = Ticket(self, waited_s=time.monotonic() - started)
+                        self._in_flight.add(ticket)
+                        return ticket
+                    future: asyncio.Future[None] = loop.create_future()
+                    self._waiters.append((loop, future))
+                if clock is not None and not holding:
+                    clock.hold()
+                    holding = True
+                try:
+                    await future
+                finally:
+                    with self._lock, contextlib.suppress(ValueError):
+                        self._waiters.remove((loop, future))
+        finally:
+            if holding:
+                clock.release()  # type: ignore[union-attr]
 
     def exit(self, ticket: Ticket) -> None:
         """The call is over (any outcome)."""

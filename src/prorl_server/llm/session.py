@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
-from prorl_server.llm.dispatch_gate import DispatchAborted, Ticket
+from prorl_server.llm.dispatch_gate import DispatchAborted, PauseClock, Ticket
 from prorl_server.llm.errors import (
     BackendRequestError,
     BackendUnavailable,
@@ -94,6 +94,8 @@ class LLMSession:
     so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
     version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
     `stale` (this and every later call raises), and "continue" samples it anyway.
+
+    `pause_clock` (the job's budget timer) is held while a call waits at a weight-update pause.
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class LLMSession:
         max_failovers: int = 3,
         max_staleness: int | None = None,
         stale_policy: Literal["end", "continue"] = "end",
+        pause_clock: PauseClock | None = None,
     ) -> None:
         self.job_id = job_id
+        self.pause_clock = pause_clock
         self.pool = pool
         self.trajectory = trajectory
         self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
@@ -330,7 +334,7 @@ class LLMSession:
         failed_on: set[str] = set()
         waits = 0
         while True:
-            ticket = await gate.enter()
+            ticket = await gate.enter(self.pause_clock)
             deadline += ticket.waited_s
             try:
                 try:

@@ -2,10 +2,11 @@
 
 A GroupRunner lives on the API's event loop. `start()` submits the members through `Orchestrator.submit`
 (so each is an ordinary job: stored, streamed by `GET /jobs`, cancellable) and spawns one task per group
-that awaits the members' `Job.wait()`. With `first_n`, the task cancels the members still running once `n`
-are usable (through `Orchestrator.cancel`, which releases their sandboxes and closes their LLM requests);
-with `dual_end` it waits for every member. A member that fails, times out or is cancelled is simply not
-usable: it never blocks the group.
+that awaits the members' `Job.wait()`. With `first_n` (and a tail-pruned adaptive `dual_end` group), the
+task cancels the members still running once `n` are usable (through `Orchestrator.cancel`, which releases
+their sandboxes and closes their LLM requests); with `dual_end` it waits for every member. A member that
+fails, times out or is cancelled is simply not usable: it never blocks the group. Every decided group's
+usable response lengths feed the runner's LengthHistory, from which `adaptive` groups get their size.
 
 Finished groups are kept for the server's result retention (`result_retention_s`, counted from when the
 group finished) and at most `MAX_FINISHED_GROUPS` of them (the oldest go first); running groups are always
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
+from prorl_server.pipeline.redundancy import LengthHistory
 from prorl_server.pipeline.submission import FinishedJob
 from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
 from prorl_server.protocol.groups import (
@@ -49,10 +51,21 @@ class DuplicateGroup(DuplicateJob):
     """A group id already used by a different request. HTTP 409."""
 
 
+def _digest(value: object) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def group_digest(request: GroupRequest) -> str:
     """A digest of everything a group request asks for (key order does not matter)."""
-    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _digest(request.model_dump(mode="json"))
+
+
+def prompt_key(request: GroupRequest) -> str:
+    """The prompt's identity in the length history: `adaptive.prompt_key`, else a digest of the instance."""
+    if request.adaptive is not None and request.adaptive.prompt_key is not None:
+        return request.adaptive.prompt_key
+    return _digest(request.instance)
 
 
 def member_request(request: GroupRequest, group_id: str, index: int) -> ProcessRequest:
@@ -106,11 +119,19 @@ def select(selection: Selection, n: int, finished: list[tuple[int, JobResult]]) 
 class Group:
     """One group's members and, once decided, its selection. Touched only on the API's event loop."""
 
-    def __init__(self, group_id: str, request: GroupRequest, digest: str, jobs: list[Job | FinishedJob]) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        request: GroupRequest,
+        digest: str,
+        jobs: list[Job | FinishedJob],
+        tail_pruned: bool = False,
+    ) -> None:
         self.id = group_id
         self.request = request
         self.digest = digest
         self.jobs = jobs
+        self.tail_pruned = tail_pruned
         self.finished: list[tuple[int, JobResult]] = []  # terminal members, in finish order
         self.selected: list[tuple[int, MemberRole]] = []
         self.status = GroupStatus.RUNNING
@@ -126,9 +147,18 @@ class Group:
     def usable(self) -> int:
         return sum(result.status == JobStatus.COMPLETED for _, result in self.finished)
 
+    @property
+    def selection(self) -> Selection:
+        """The policy applied: the requested one, or `first_n` when the group is tail-pruned."""
+        return Selection.FIRST_N if self.tail_pruned else self.request.selection
+
+    def usable_lengths(self) -> list[int]:
+        """Response lengths of the members that completed."""
+        return [response_length(result) for _, result in self.finished if result.status == JobStatus.COMPLETED]
+
     def decide(self) -> None:
         """Apply the selection to the finished members and set the final status."""
-        self.selected = select(self.request.selection, self.request.n, self.finished)
+        self.selected = select(self.selection, self.request.n, self.finished)
         self.status = GroupStatus.COMPLETED if self.usable >= self.request.needed else GroupStatus.FAILED
 
     def snapshot(self) -> GroupResult:
@@ -159,7 +189,8 @@ class Group:
             status=self.status,
             selection=request.selection,
             n=request.n,
-            n_launch=request.launch,
+            n_launch=len(self.jobs),
+            tail_pruned=self.tail_pruned,
             min_usable=request.needed,
             usable=self.usable,
             partial=self.status != GroupStatus.RUNNING and len(self.selected) < request.n,
@@ -188,6 +219,7 @@ class GroupRunner:
         self._clock = clock
         self._running: dict[str, Group] = {}
         self._finished: OrderedDict[str, Group] = OrderedDict()  # in finish order
+        self.lengths = LengthHistory()
 
     def start(self, request: GroupRequest) -> Group:
         """Submit the members and start the group (call on the event loop). The same request under the same
@@ -203,18 +235,27 @@ class GroupRunner:
                     "again gets that group, a new request needs another id"
                 )
             return existing
+        launch, tail_pruned = self._size(request)
         jobs: list[Job | FinishedJob] = []
         try:
-            for index in range(request.launch):
+            for index in range(launch):
                 jobs.append(self.orchestrator.submit(member_request(request, group_id, index)))
         except SubmissionError:
             for job in jobs:
                 self.orchestrator.cancel(job.id, f"group {group_id!r} could not be started")
             raise
-        group = Group(group_id, request, digest, jobs)
+        group = Group(group_id, request, digest, jobs, tail_pruned)
         self._running[group_id] = group
         group.task = asyncio.get_running_loop().create_task(self._run(group), name=f"prorl-group-{group_id}")
         return group
+
+    def _size(self, request: GroupRequest) -> tuple[int, bool]:
+        """Members to launch, and whether the group is tail-pruned (adaptive dual_end at its max_launch)."""
+        adaptive = request.adaptive
+        if adaptive is None:
+            return request.launch, False
+        launch = self.lengths.budget(prompt_key(request), request.n, adaptive.redundancy, request.max_launch)
+        return launch, request.selection == Selection.DUAL_END and launch >= request.max_launch
 
     def get(self, group_id: str) -> Group | None:
         """A running group, or a finished one still kept."""
@@ -244,7 +285,7 @@ class GroupRunner:
                 if (
                     not stopping
                     and pending
-                    and group.request.selection == Selection.FIRST_N
+                    and group.selection == Selection.FIRST_N
                     and group.usable >= group.request.n
                 ):
                     stopping = True
@@ -252,6 +293,7 @@ class GroupRunner:
                     reason = f"group {group.id!r} already has its {group.request.n} usable results"
                     self._cancel_members(group, live, reason)
             group.decide()
+            self.lengths.record(prompt_key(group.request), group.usable_lengths())
         except BaseException as exc:  # the loop is closing (CancelledError), or a bug: end with nothing selected
             for future in pending:
                 future.cancel()

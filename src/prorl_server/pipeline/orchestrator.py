@@ -183,6 +183,8 @@ class Orchestrator:
         agent_config = {k: v for k, v in request.sampling_params.items() if k in agent_keys}
         agent_config.update(request.agent_config)
         trajectory = Trajectory()
+        timeout = request.timeout if request.timeout is not None else self.settings.default_timeout_s
+        timer = PausableTimer(timeout)
         session = LLMSession(
             job_id,
             self.backends,
@@ -191,6 +193,7 @@ class Orchestrator:
             max_failovers=self.settings.llm_max_failovers,
             max_staleness=request.max_staleness if request.max_staleness is not None else self.settings.max_staleness,
             stale_policy=request.stale_policy or self.settings.stale_policy,
+            pause_clock=timer,
         )
         ctx = JobContext(
             job_id=job_id,
@@ -201,8 +204,7 @@ class Orchestrator:
             trajectory=trajectory,
             _sandboxes=self.sandboxes,
         )
-        timeout = request.timeout if request.timeout is not None else self.settings.default_timeout_s
-        return Job(job_id, handler, ctx, PausableTimer(timeout), digest)
+        return Job(job_id, handler, ctx, timer, digest)
 
     # queries --------------------------------------------------------------------------------------
 
@@ -302,7 +304,7 @@ class Orchestrator:
             return
         job.timer.start(stage)
         try:
-            done, _ = await asyncio.wait({task}, timeout=job.timer.remaining())
+            done = await _wait_within_budget(task, job.timer)
         except asyncio.CancelledError:  # the pool is shutting down
             task.cancel()
             await self._settle(task)
@@ -429,16 +431,18 @@ class Orchestrator:
     ) -> JobResult:
         timer = job.timer
         stage_s = {s: timer.stage_seconds(s) for s in STAGES}
+        held = timer.held_s
         total = timer.wall_s()
         fields: dict[str, Any] = {
             "job_id": job.id,
             "reward": reward,
             "trajectory": _snapshot(job.ctx.trajectory),
             "timing": StageTiming.model_construct(
-                queue_s=max(0.0, total - sum(stage_s.values())),
+                queue_s=max(0.0, total - sum(stage_s.values()) - held),
                 init_s=stage_s["init"],
                 run_s=stage_s["run"],
                 eval_s=stage_s["eval"],
+                weight_pause_s=held,
                 total_s=total,
             ),
             "data_source": job.ctx.data_source,
@@ -475,3 +479,21 @@ def _different_request(job_id: str, state: str) -> str:
         f"job_id {job_id!r} {state} with a different request; the same request sent again gets that job, "
         "a new request needs another id"
     )
+
+
+_HELD_POLL_S = 0.5
+"""How often a stage whose clock is held (its LLM call waits at a weight pause) looks at its budget again."""
+
+
+async def _wait_within_budget(task: asyncio.Future[Any], timer: PausableTimer) -> bool:
+    """Wait for a stage's task within the job's budget: True when it finished, False when the budget ran
+    out. Time the timer is held (a weight-update pause) does not count."""
+    while True:
+        remaining = timer.remaining()
+        held = timer.held
+        if remaining is not None and remaining <= 0 and not held:
+            return task.done()
+        timeout = _HELD_POLL_S if held else remaining
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            return True

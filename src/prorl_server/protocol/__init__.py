@@ -4,6 +4,7 @@ Everything that crosses HTTP is defined here and nowhere else.
 """
 
 from prorl_server.protocol.groups import (
+    AdaptiveBudget,
     GroupAccepted,
     GroupMember,
     GroupRequest,
@@ -58,6 +59,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "AckRequest",
     "AckResponse",
+    "AdaptiveBudget",
     "AddLLMServerRequest",
     "CancelRequest",
     "CancelResponse",

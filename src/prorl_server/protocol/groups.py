@@ -9,6 +9,12 @@ A group launches `n_launch >= n` jobs of the same instance (member job ids `f"{g
   shortest usable members (by response length) and the `L = n - K` longest are kept. A truncated member
   (its last turn stopped on `finish_reason: "length"`, or its handler set `eval["truncated"] = true`) is
   never chosen as one of the longest.
+
+With `adaptive` (DARTS' variance-based adaptive redundancy), the server chooses `n_launch` itself, between
+`n` and `max_launch`, from the spread of response lengths this prompt showed in its earlier groups: prompts
+whose lengths varied more get more members. A `dual_end` group whose budget reaches `max_launch` is
+tail-pruned (DARTS' shortest-only sampling with proactive early stop): it keeps the first `n` usable members
+to finish and cancels the rest, as `first_n` does. See pipeline/redundancy.py.
 """
 
 from __future__ import annotations
@@ -56,6 +62,29 @@ class MemberRole(StrEnum):
     LONG = "long"
 
 
+class AdaptiveBudget(BaseModel):
+    """`POST /groups` `adaptive`: let the server choose `n_launch` per prompt (DARTS' adaptive redundancy)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_launch: int | None = Field(
+        default=None, ge=1, le=MAX_GROUP_SIZE, description="Most members to launch (DARTS' M_up; default 2n)."
+    )
+    redundancy: float = Field(
+        default=1.5,
+        ge=1.0,
+        le=float(MAX_GROUP_SIZE),
+        description="Members per selected result on average over prompts (n_launch / n before clipping to "
+        "[n, max_launch]); a prompt not seen before gets this ratio.",
+    )
+    prompt_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The prompt's identity in the server's length history (default: a digest of `instance`).",
+    )
+
+
 class GroupRequest(BaseModel):
     """Body of `POST /groups`. `instance`, `sampling_params`, `agent_config` and `timeout` are those of
     `POST /process` and go to every member; an integer `sampling_params.seed` becomes `seed + i` for member
@@ -80,20 +109,41 @@ class GroupRequest(BaseModel):
         description="Usable results the group needs to be `completed` rather than `failed` (<= n; default n).",
     )
     selection: Selection = Selection.FIRST_N
+    adaptive: AdaptiveBudget | None = Field(
+        default=None, description="Let the server choose n_launch from this prompt's length history (DARTS)."
+    )
     group_id: GroupId | None = Field(default=None, description="Generated when absent.")
 
     @model_validator(mode="after")
     def _check_sizes(self) -> GroupRequest:
         if self.n_launch is not None and self.n_launch < self.n:
             raise ValueError(f"n_launch ({self.n_launch}) must be at least n ({self.n})")
+        if self.adaptive is not None:
+            if self.n_launch is not None:
+                raise ValueError("give n_launch or adaptive, not both: with adaptive the server chooses n_launch")
+            if self.max_launch < self.n:
+                raise ValueError(f"adaptive.max_launch ({self.max_launch}) must be at least n ({self.n})")
         if self.min_usable is not None and self.min_usable > self.n:
             raise ValueError(f"min_usable ({self.min_usable}) must be at most n ({self.n})")
         return self
 
     @property
     def launch(self) -> int:
-        """Members to launch."""
+        """Members to launch when the count is fixed (`n_launch`, default `n`)."""
         return self.n_launch if self.n_launch is not None else self.n
+
+    @property
+    def expected_launch(self) -> int:
+        """Members this group is likely to launch: `launch`, or with `adaptive` its average, `n * redundancy`."""
+        if self.adaptive is None:
+            return self.launch
+        return max(self.n, min(self.max_launch, round(self.n * self.adaptive.redundancy)))
+
+    @property
+    def max_launch(self) -> int:
+        """Most members an adaptive group may launch (`adaptive.max_launch`, default `2n` within the cap)."""
+        chosen = self.adaptive.max_launch if self.adaptive is not None else None
+        return chosen if chosen is not None else min(2 * self.n, MAX_GROUP_SIZE)
 
     @property
     def needed(self) -> int:
@@ -128,7 +178,11 @@ class GroupResult(BaseModel):
     status: GroupStatus
     selection: Selection
     n: int
-    n_launch: int
+    n_launch: int = Field(description="Members launched (chosen by the server with `adaptive`).")
+    tail_pruned: bool = Field(
+        default=False,
+        description="An adaptive dual_end group at its max_launch: the first n usable were kept, the rest cancelled.",
+    )
     min_usable: int
     usable: int = Field(description="Members that completed.")
     partial: bool = False

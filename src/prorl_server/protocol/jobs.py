@@ -114,12 +114,17 @@ class ErrorInfo(BaseModel):
 
 
 class StageTiming(BaseModel):
-    """Seconds spent queued and inside each stage."""
+    """Seconds spent queued, inside each stage, and held by weight-update pauses."""
 
     queue_s: float = 0.0
     init_s: float = 0.0
     run_s: float = 0.0
     eval_s: float = 0.0
+    weight_pause_s: float = Field(
+        default=0.0,
+        description="Seconds a stage's LLM calls waited at a weight-update pause; not counted in the stage's "
+        "time nor in the job's timeout.",
+    )
     total_s: float = 0.0
 
 
