@@ -67,12 +67,20 @@ def test_a_failed_reload_is_502_naming_the_engine_and_loads_its_previous_weights
     assert answer.status_code == 502, answer.text
     detail = answer.json()["detail"]
     assert bad.address in detail and "Cannot find any model weights" in detail and "unchanged" in detail
-    assert f"1 other(s) did load it: {good.address}" in detail
+    assert f"the 1 that did load it were rolled back to their previous weights: {good.address}" in detail
     assert weights(server)["version"] == 2
     assert [s["weight_version"] for s in server.http.get("/llm_servers").json()["servers"]] == [2, 2]
     # the failed engine got the checkpoint it had before (not the one it started with) back, and no reset
     assert bad.double.admin_log[2:] == ["reload_weights /ckpt/step-3", "reload_weights /ckpt/step-2"]
     assert bad.double.weights_path == "/ckpt/step-2"
+    # the engine that did load it went back too: every engine serves what version 2 names
+    assert good.double.admin_log[2:] == [
+        "reload_weights /ckpt/step-3",
+        "reset_prefix_cache",
+        "reload_weights /ckpt/step-2",
+        "reset_prefix_cache",
+    ]
+    assert good.double.weights_path == "/ckpt/step-2"
 
     # once the checkpoint is there, the same update goes through
     bad.double.bad_weight_paths.clear()

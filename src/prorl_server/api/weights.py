@@ -22,7 +22,7 @@ from prorl_server.api.state import ServerState, get_state
 from prorl_server.llm import BackendPool
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.errors import LLMError
-from prorl_server.llm.vllm_admin import Reloaded, reload_weights
+from prorl_server.llm.vllm_admin import Reloaded, reload_weights, restore_weights
 from prorl_server.protocol import (
     PauseRequest,
     PauseResponse,
@@ -187,7 +187,8 @@ async def _reload_and_apply(state: ServerState, body: UpdateRequest, what: str) 
 
 async def _reload(state: ServerState, body: UpdateRequest) -> list[Reloaded]:
     """Every target engine loads `body.reload.path` and resets its prefix cache, all at once; 502 naming the
-    ones that failed (each is given its previous checkpoint back).
+    ones that failed. Each failed engine is given its previous checkpoint back, and so is each engine that
+    did load it, so that all of them serve the weights of the version that stays.
 
     The engine calls run on the health-check loop, whose HTTP connections the server closes when it stops."""
     assert body.reload is not None
@@ -215,16 +216,42 @@ async def _reload(state: ServerState, body: UpdateRequest) -> list[Reloaded]:
             raise outcome
     failed = [str(o) for o in outcomes if isinstance(o, LLMError)]
     if failed:
-        shown = " | ".join(failed[:_SHOWN_FAILURES]) + (
-            f" | and {len(failed) - _SHOWN_FAILURES} more" if len(failed) > _SHOWN_FAILURES else ""
-        )
-        others = ""
-        if loaded:
-            others = f"; {len(loaded)} other(s) did load it: " + ", ".join(r.address for r in loaded[:_SHOWN_FAILURES])
-            others += ", ..." if len(loaded) > _SHOWN_FAILURES else ""
+        rolled_back = await _roll_back(state, loaded, previous, reload.timeout_s) if loaded else ""
         raise HTTPException(
             502,
             f"{len(failed)} of {len(addresses)} LLM backend(s) did not reload their weights, so the weight "
-            f"version is unchanged: {shown}{others}",
+            f"version is unchanged: {_shown(failed)}{rolled_back}",
         )
     return loaded
+
+
+async def _roll_back(
+    state: ServerState, loaded: list[Reloaded], previous: dict[str, str | None], timeout_s: float
+) -> str:
+    """Give the engines in `loaded` their previous checkpoint back (prefix caches reset); a clause for the 502."""
+    pool = state.backends
+    known = {b.address: b for b in pool.backends()}
+
+    async def restore_all() -> list[tuple[bool, str]]:
+        calls = (restore_weights(pool.client, r.address, previous[r.address], timeout_s, reset=True) for r in loaded)
+        return await asyncio.gather(*calls)
+
+    outcomes = await asyncio.wrap_future(state.health.submit(restore_all()))
+    stuck = []
+    for reloaded, (ok, sentence) in zip(loaded, outcomes, strict=True):
+        if ok and reloaded.address in known:
+            pool.cache(known[reloaded.address], WEIGHTS_PATH, previous[reloaded.address])
+        elif not ok:
+            stuck.append(f"{reloaded.address}: {sentence}")
+    restored = len(loaded) - len(stuck)
+    clause = f"; the {len(loaded)} that did load it were rolled back"
+    if stuck:
+        clause += f" ({restored} to their previous weights; not: {_shown(stuck)})"
+    else:
+        clause += f" to their previous weights: {_shown([r.address for r in loaded])}"
+    return clause
+
+
+def _shown(items: list[str]) -> str:
+    more = len(items) - _SHOWN_FAILURES
+    return " | ".join(items[:_SHOWN_FAILURES]) + (f" | and {more} more" if more > 0 else "")

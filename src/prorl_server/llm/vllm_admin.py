@@ -62,10 +62,8 @@ async def reload_weights(
     except LLMError as exc:
         if isinstance(exc, BackendRequestError) and exc.status_code in (404, 405):  # no endpoint: nothing touched
             raise ReloadFailed(f"{address}: cannot reload weights: {_hint(exc)}") from exc
-        raise ReloadFailed(
-            f"{address}: reloading weights from {path!r} failed: {exc}; "
-            + await _restore(client, address, previous, timeout_s)
-        ) from exc
+        _, now_serving = await restore_weights(client, address, previous, timeout_s)
+        raise ReloadFailed(f"{address}: reloading weights from {path!r} failed: {exc}; {now_serving}") from exc
     try:
         await reset_prefix_cache(client, address)
     except LLMError as exc:
@@ -99,17 +97,28 @@ async def _collective_reload(client: VLLMClient, root: str, path: str, timeout_s
     _parse_rpc(f"{root}/collective_rpc", body)
 
 
-async def _restore(client: VLLMClient, address: str, previous: str | None, timeout_s: float) -> str:
-    """Load `previous` (default: the model the engine started with) again; a sentence saying what it serves now."""
+async def restore_weights(
+    client: VLLMClient, address: str, previous: str | None, timeout_s: float = 600.0, *, reset: bool = False
+) -> tuple[bool, str]:
+    """Load `previous` (default: the model the engine started with) into the engine at `address` again, and
+    with `reset` its prefix cache after; (whether it worked, a sentence saying what the engine serves now)."""
     if previous is None:
         previous = await _started_model(client, address)
     if previous is None:
-        return "the engine named no model to load back: it may fail its next request"
+        return False, "the engine named no model to load back: it may fail its next request"
     try:
         await _collective_reload(client, server_root(address), previous, timeout_s)
     except LLMError as exc:
-        return f"loading the previous weights ({previous!r}) back failed too ({exc}): it may fail its next request"
-    return f"it serves the previous weights ({previous!r}) again"
+        return (
+            False,
+            f"loading the previous weights ({previous!r}) back failed too ({exc}): it may fail its next request",
+        )
+    if reset:
+        try:
+            await reset_prefix_cache(client, address)
+        except LLMError as exc:
+            return False, f"it serves the previous weights ({previous!r}) again, but {exc}"
+    return True, f"it serves the previous weights ({previous!r}) again"
 
 
 async def _started_model(client: VLLMClient, address: str) -> str | None:
