@@ -216,3 +216,16 @@ def test_settings_and_cli():
         with pytest.raises(SystemExit):
             parser.parse_args(["serve", *bad])
     assert JobStatus.STALE in TERMINAL_STATUSES
+
+
+def test_a_group_passes_its_staleness_settings_to_every_member(start_server, backend):
+    server = versioned_server(start_server, backend, 1)  # the server has no bound
+    backend.double.push(*(ScriptedReply(text="first turn", delay_s=0.5) for _ in range(2)), "unused", "unused")
+    body = {"instance": JOB["instance"], "n": 2, "max_staleness": 0, "stale_policy": "end", "group_id": "strict"}
+    assert server.http.post("/groups", params={"wait": "false"}, json=body).status_code == 202
+    completions_sent(backend, 2)
+    bump(server, 2)
+    group = server.http.get("/groups/strict", params={"wait": 30}).json()
+    assert group["status"] == "failed" and group["usable"] == 0, group
+    assert [m["status"] for m in group["members"]] == ["stale", "stale"]
+    assert server.http.post("/groups", json={**body, "group_id": "bad", "max_staleness": -1}).status_code == 422

@@ -81,6 +81,8 @@ def member_request(request: GroupRequest, group_id: str, index: int) -> ProcessR
         agent_config=request.agent_config,
         job_id=f"{group_id}:{index}",
         timeout=request.timeout,
+        max_staleness=request.max_staleness,
+        stale_policy=request.stale_policy,
     )
 
 

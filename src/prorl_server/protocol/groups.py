@@ -25,7 +25,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS, TaskJson
-from prorl_server.protocol.jobs import JobResult, JobStatus
+from prorl_server.protocol.jobs import JobResult, JobStatus, StalePolicy
 
 MAX_GROUP_SIZE = 1024
 """Most members (`n_launch`) one group may launch."""
@@ -86,8 +86,8 @@ class AdaptiveBudget(BaseModel):
 
 
 class GroupRequest(BaseModel):
-    """Body of `POST /groups`. `instance`, `sampling_params`, `agent_config` and `timeout` are those of
-    `POST /process` and go to every member; an integer `sampling_params.seed` becomes `seed + i` for member
+    """Body of `POST /groups`. `instance`, `sampling_params`, `agent_config`, `timeout`, `max_staleness` and
+    `stale_policy` are those of `POST /process` and go to every member; an integer `sampling_params.seed` becomes `seed + i` for member
     `i`, so that seeded members do not sample the same response."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -107,6 +107,16 @@ class GroupRequest(BaseModel):
         ge=1,
         le=MAX_GROUP_SIZE,
         description="Usable results the group needs to be `completed` rather than `failed` (<= n; default n).",
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63,
+        strict=True,
+        description="Every member's max_staleness (as on POST /process; default: the server's).",
+    )
+    stale_policy: StalePolicy | None = Field(
+        default=None, description="Every member's stale_policy (as on POST /process; default: the server's)."
     )
     selection: Selection = Selection.FIRST_N
     adaptive: AdaptiveBudget | None = Field(
