@@ -229,7 +229,7 @@ async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def start_stack(args: argparse.Namespace) -> tuple[UvicornThread, UvicornThread]:
-    backend = UvicornThread(create_scripted_backend_app(ScriptedBackend())).start()
+    backend = UvicornThread(create_scripted_backend_app(ScriptedBackend(default_reply="reply"))).start()
     settings = ServerSettings(
         llm_servers=[f"{backend.url}/v1"],
         handlers=[f"dapo={HANDLER_FILE}:DapoHandler"],

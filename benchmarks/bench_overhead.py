@@ -317,7 +317,9 @@ def _cpu_s() -> float:
 
 def backend_process(port: int, delay_s: float, conn: multiprocessing.connection.Connection) -> None:
     """Serve the scripted vLLM-protocol test double until anything arrives on `conn`."""
-    server = UvicornThread(create_scripted_backend_app(ScriptedBackend(default_delay_s=delay_s)), port=port)
+    server = UvicornThread(
+        create_scripted_backend_app(ScriptedBackend(default_delay_s=delay_s, default_reply="reply")), port=port
+    )
     server.start()
     conn.send("ready")
     with contextlib.suppress(EOFError):

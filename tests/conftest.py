@@ -36,12 +36,18 @@ class Backend:
         self.address = f"{server.url}/v1"
 
 
+# What the suite's backends answer when a test queued nothing (most tests do not care what the model says);
+# a test that wants the double's own behaviour, an error for an unscripted completion, passes default_reply=None.
+SUITE_DEFAULT_REPLY = "reply"
+
+
 @pytest.fixture
 def start_backend() -> Iterator[Callable[..., Backend]]:
-    """Start scripted backends on demand; all are stopped at teardown."""
+    """Start scripted backends on demand (ScriptedBackend keyword arguments); all are stopped at teardown."""
     started: list[UvicornThread] = []
 
     def start(**kwargs) -> Backend:
+        kwargs.setdefault("default_reply", SUITE_DEFAULT_REPLY)
         double = ScriptedBackend(**kwargs)
         server = UvicornThread(create_scripted_backend_app(double)).start()
         started.append(server)

@@ -155,8 +155,9 @@ def test_an_episode_runs_tools_reads_errors_and_ends_on_submit(start_server, bac
     assert "not valid JSON" in seen[1]
     assert "there is no tool 'python'" in seen[2] and "needs the argument(s) command" in seen[3]
     assert seen[4] == "/tmp\n[exit code: 3]"  # the shell kept its working directory
-    assert "No tool call found" in seen[5]
-    assert len(seen) == 6  # nothing ran after submit
+    assert len(seen) == 5  # nothing ran after submit
+    reminders = [m["content"] for m in result["trajectory"]["messages"][2:] if m["role"] == "user"]
+    assert len(reminders) == 1 and "No tool call found" in reminders[0]  # the loop's own message: a user turn
 
     traj = result["trajectory"]
     model_tokens = [t for t, m in zip(traj["response_ids"], traj["response_mask"], strict=True) if m == 1]

@@ -119,9 +119,8 @@ def test_weight_version_update_applies_to_next_turns(server, backend):
 
 
 def spawn_backend(port: int, delay: float) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prorl_server.testing", "--port", str(port), "--delay", str(delay)],
-    )
+    cmd = [sys.executable, "-m", "prorl_server.testing", "--port", str(port), "--delay", str(delay)]
+    proc = subprocess.Popen([*cmd, "--default-reply", "reply"])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:

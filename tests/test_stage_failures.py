@@ -78,7 +78,9 @@ def test_exception_hooks_can_recover_and_final_result_can_amend(start_server, ba
 
     broken = server.http.post("/process", json={"instance": {"data_source": "broken_final"}}).json()
     assert broken["status"] == "failed"
-    assert broken["error"] == {"stage": "final_result", "type": "RuntimeError", "message": "oops"}
+    error = broken["error"]
+    assert (error["stage"], error["type"], error["message"]) == ("final_result", "RuntimeError", "oops")
+    assert error["location"].endswith("in final_result") and "RuntimeError: oops" in error["traceback"]
 
 
 class NonJsonArtifacts(AgentHandler):

@@ -6,7 +6,6 @@ import argparse
 import ipaddress
 import json
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
@@ -14,109 +13,19 @@ from pathlib import Path
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
 from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; `serve` flags map one-to-one onto ServerSettings fields."""
-    defaults = ServerSettings()
+    """The argument parser; the `serve` flags are generated from ServerSettings (settings_cli.py)."""
     parser = argparse.ArgumentParser(prog="prorl-server", description="Rollout-as-a-service for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the HTTP server", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    serve.add_argument("--host", default=defaults.host)
-    serve.add_argument("--port", type=int, default=defaults.port)
-    serve.add_argument("--init-workers", type=int, default=defaults.init_workers, help="concurrent INIT stages")
-    serve.add_argument("--run-workers", type=int, default=defaults.run_workers, help="concurrent RUN stages")
-    serve.add_argument("--eval-workers", type=int, default=defaults.eval_workers, help="concurrent EVAL stages")
-    serve.add_argument(
-        "--max-ready-for-run",
-        type=int,
-        default=None,
-        help="jobs started in INIT and not yet in RUN, at most (default: --run-workers); bounds live sandboxes",
-    )
-    serve.add_argument(
-        "--llm-server", action="append", default=[], metavar="URL", help="backend base URL, e.g. http://h:8000/v1"
-    )
-    serve.add_argument(
-        "--handler", action="append", default=[], metavar="[NAME=]MODULE:CLASS", help="load a handler (repeatable)"
-    )
-    serve.add_argument("--runtime", choices=["auto", "apptainer", "bwrap", "local"], default=defaults.runtime)
-    serve.add_argument("--image", default=None, help="default sandbox image (.sif or directory)")
-    serve.add_argument("--no-entry-points", action="store_true", help="ignore installed handler plugins")
-    serve.add_argument("--placement", choices=["sticky_least_loaded", "min_heap"], default=defaults.placement)
-    serve.add_argument("--timeout", type=float, default=defaults.default_timeout_s, help="default job budget (s)")
-    serve.add_argument("--retention", type=float, default=defaults.result_retention_s, help="result retention (s)")
-    serve.add_argument("--health-interval", type=float, default=defaults.health_check_interval_s)
-    serve.add_argument(
-        "--llm-timeout", type=float, default=defaults.llm_request_timeout_s, help="seconds per LLM request"
-    )
-    serve.add_argument(
-        "--cancel-grace", type=float, default=defaults.cancel_grace_s, help="seconds a cancelled stage gets to unwind"
-    )
-    serve.add_argument(
-        "--llm-retry-budget",
-        type=float,
-        default=defaults.llm_retry_budget_s,
-        help="seconds an LLM call keeps retrying while its backends fail",
-    )
-    serve.add_argument(
-        "--llm-failure-threshold",
-        type=int,
-        default=defaults.llm_failure_threshold,
-        help="consecutive failed requests that take a backend out of placement",
-    )
-    serve.add_argument(
-        "--llm-breaker-cooldown",
-        type=float,
-        default=defaults.llm_breaker_cooldown_s,
-        help="seconds before a backend taken out of placement gets a trial request (doubles per failed trial)",
-    )
-    serve.add_argument(
-        "--llm-max-failovers",
-        type=int,
-        default=defaults.llm_max_failovers,
-        help="failed requests one LLM call may retry after (on another backend when there is one)",
-    )
-    serve.add_argument(
-        "--llm-stall-timeout",
-        type=float,
-        default=None,
-        help="seconds without a response before an LLM request fails over (default: from max_tokens and speed)",
-    )
-    serve.add_argument(
-        "--max-staleness",
-        type=_non_negative_int,
-        default=None,
-        metavar="N",
-        help="end (or, with --stale-policy continue, let go on) a job whose oldest turn is more than N weight "
-        "versions behind the weights of its next turn (default: unbounded; 0 = strictly on-policy)",
-    )
-    serve.add_argument(
-        "--stale-policy",
-        choices=["end", "continue"],
-        default=defaults.stale_policy,
-        help="what a job past --max-staleness does: end with status stale, or continue under the new weights",
-    )
-    serve.add_argument(
-        "--api-key",
-        default=None,
-        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (prefer ${API_KEY_ENV})",
-    )
-    serve.add_argument(
-        "--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body (413 beyond)"
-    )
-    serve.add_argument("--no-autostart", action="store_true", help="wait for POST /start before accepting jobs")
-    serve.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
+    serve = sub.add_parser("serve", help="run the HTTP server", formatter_class=HelpFormatter)
+    add_settings_arguments(serve)
     add_build_image(sub)
     add_dev_llm(sub)
     add_vllm(sub)
     return parser
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def add_dev_llm(sub: argparse._SubParsersAction) -> None:
@@ -178,40 +87,6 @@ def build_image(args: argparse.Namespace) -> None:
         sys.exit(f"prorl-server build-image: {exc}")
     how = "reused" if image.cached else "built"
     print(f"{image.path}  ({how} in {image.seconds:.1f} s, cache mode {args.cache_mode}, key {image.key})")
-
-
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Map parsed `serve` flags to ServerSettings."""
-    return ServerSettings(
-        host=args.host,
-        port=args.port,
-        init_workers=args.init_workers,
-        run_workers=args.run_workers,
-        eval_workers=args.eval_workers,
-        max_ready_for_run=args.max_ready_for_run,
-        runtime=args.runtime,
-        sandbox_image=args.image,
-        llm_servers=args.llm_server,
-        handlers=args.handler,
-        entry_point_handlers=not args.no_entry_points,
-        placement=args.placement,
-        default_timeout_s=args.timeout,
-        result_retention_s=args.retention,
-        health_check_interval_s=args.health_interval,
-        llm_request_timeout_s=args.llm_timeout,
-        cancel_grace_s=args.cancel_grace,
-        llm_retry_budget_s=args.llm_retry_budget,
-        llm_failure_threshold=args.llm_failure_threshold,
-        llm_breaker_cooldown_s=args.llm_breaker_cooldown,
-        llm_max_failovers=args.llm_max_failovers,
-        llm_stall_timeout_s=args.llm_stall_timeout,
-        max_staleness=args.max_staleness,
-        stale_policy=args.stale_policy,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        max_body_bytes=args.max_body_bytes,
-        autostart=not args.no_autostart,
-        log_level=args.log_level,
-    )
 
 
 def reachable_beyond_loopback(host: str) -> bool:

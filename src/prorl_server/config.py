@@ -1,17 +1,33 @@
-"""Server configuration: one pydantic model; the CLI maps its flags onto it."""
+"""Server configuration: one pydantic model, the single source of the `serve` flags (settings_cli.py).
+
+Every field needs a `description`: it is the flag's --help text. The names a setting chooses among are
+declared here once; the sandbox registry and the placement policies are keyed by the same names.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
+
+from prorl_server.protocol.jobs import StalePolicy
+
+RuntimeName = Literal["auto", "apptainer", "bwrap", "local"]
+"""Sandbox runtimes by name (`auto`: the first available of the others, in this order)."""
+RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
+
+PlacementName = Literal["sticky_least_loaded", "min_heap"]
+"""Placement policies by name (llm/placement.py)."""
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+"""Log levels of `serve` (of its logging and of uvicorn)."""
 
 
 class ServerSettings(BaseModel):
     """Everything `prorl-server serve` can be told."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="Address to bind (anything but loopback wants an API key).")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to bind (0: any free port).")
     init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (sandbox starts).")
     run_workers: int = Field(default=64, ge=1, description="Concurrent RUN stages (agent loops).")
     eval_workers: int = Field(default=8, ge=1, description="Concurrent EVAL stages (scoring).")
@@ -21,21 +37,45 @@ class ServerSettings(BaseModel):
         description="Jobs past the start of INIT still waiting for a RUN worker, at most (default: run_workers). "
         "INIT waits beyond it, so sandboxes never pile up in front of RUN.",
     )
-    runtime: Literal["auto", "apptainer", "bwrap", "local"] = Field(
+    runtime: RuntimeName = Field(
         default="auto",
-        description="Sandbox runtime; auto = apptainer when installed and --image is given, else bubblewrap, "
+        description="Sandbox runtime; auto = apptainer when installed and an image is given, else bubblewrap, "
         "else local (no isolation, loudly).",
     )
-    sandbox_image: str | None = Field(default=None, description="Default image of ctx.start_sandbox().")
-    llm_servers: list[str] = Field(default_factory=list, description="Backends registered at start.")
-    handlers: list[str] = Field(default_factory=list, description="Extra handlers, [name=]module:Class.")
-    entry_point_handlers: bool = Field(default=True, description="Load the prorl_server.handlers group.")
-    placement: Literal["sticky_least_loaded", "min_heap"] = "sticky_least_loaded"
-    default_timeout_s: float | None = Field(default=3600.0, gt=0, description="Per-job stage-time budget.")
-    result_retention_s: float = Field(default=3600.0, gt=0, description="How long unacknowledged results stay.")
-    health_check_interval_s: float = Field(default=10.0, gt=0)
-    llm_request_timeout_s: float = Field(default=3600.0, gt=0)
-    llm_max_failovers: int = Field(default=3, ge=0, description="Backends a call may move to when one dies.")
+    sandbox_image: str | None = Field(
+        default=None,
+        description="Default image of ctx.start_sandbox(): a .sif or directory for Apptainer, a root directory "
+        "for bubblewrap.",
+    )
+    llm_servers: list[str] = Field(
+        default_factory=list,
+        description="vLLM OpenAI-compatible base URLs registered at start (repeatable), e.g. http://h:8000/v1.",
+    )
+    handlers: list[str] = Field(
+        default_factory=list,
+        description="Extra handlers, [name=]module:Class or path/to/file.py:Class (repeatable).",
+    )
+    entry_point_handlers: bool = Field(
+        default=True, description="Load the handler plugins installed under the prorl_server.handlers group."
+    )
+    placement: PlacementName = Field(
+        default="sticky_least_loaded",
+        description="Which backend a new job is pinned to: the fewest jobs in flight (sticky_least_loaded), or "
+        "the fewest jobs ever assigned (min_heap, ProRL's).",
+    )
+    default_timeout_s: float | None = Field(
+        default=3600.0, gt=0, description="Per-job budget in seconds of stage time (queue time is not counted)."
+    )
+    result_retention_s: float = Field(
+        default=3600.0, gt=0, description="Seconds an unacknowledged finished result stays retrievable."
+    )
+    health_check_interval_s: float = Field(default=10.0, gt=0, description="Seconds between backend health checks.")
+    llm_request_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds one LLM request may take.")
+    llm_max_failovers: int = Field(
+        default=3,
+        ge=0,
+        description="Failed requests one LLM call may retry after (on another backend when there is one).",
+    )
     llm_retry_budget_s: float = Field(
         default=120.0,
         ge=0,
@@ -46,7 +86,10 @@ class ServerSettings(BaseModel):
         default=3, ge=1, description="Consecutive failed requests that take a backend out of placement."
     )
     llm_breaker_cooldown_s: float = Field(
-        default=5.0, gt=0, description="Seconds before a backend taken out of placement gets a trial request."
+        default=5.0,
+        gt=0,
+        description="Seconds before a backend taken out of placement gets a trial request (doubled after each "
+        "failed trial).",
     )
     llm_stall_timeout_s: float | None = Field(
         default=None,
@@ -60,20 +103,20 @@ class ServerSettings(BaseModel):
         description="Weight versions a job's oldest turn may be behind the weights its next turn would be "
         "sampled under (default: unbounded; 0 = strictly on-policy). A job's own `max_staleness` wins.",
     )
-    stale_policy: Literal["end", "continue"] = Field(
+    stale_policy: StalePolicy = Field(
         default="end",
         description="Past max_staleness: end the job with status stale (partial trajectory kept), or continue "
         "under the new weights (partial rollout). A job's own `stale_policy` wins.",
     )
-    cancel_grace_s: float = Field(default=5.0, ge=0, description="Time a cancelled stage gets to unwind.")
+    cancel_grace_s: float = Field(default=5.0, ge=0, description="Seconds a cancelled stage gets to unwind.")
     autostart: bool = Field(default=True, description="Start the pools at launch (else wait for POST /start).")
     api_key: str | None = Field(
         default=None,
         min_length=1,
-        description="Bearer token every endpoint but /health requires (also $PRORL_API_KEY).",
+        description="Bearer token every endpoint but /health requires (prefer $PRORL_API_KEY: a flag shows in ps).",
         repr=False,
     )
     max_body_bytes: int = Field(
         default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
     )
-    log_level: str = "info"
+    log_level: LogLevel = Field(default="info", description="Log level of the server and uvicorn.")

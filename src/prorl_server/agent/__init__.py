@@ -18,7 +18,15 @@ See docs/handlers.md.
 
 from prorl_server.agent.loop import AgentLoop, AgentResult, tools_prompt
 from prorl_server.agent.tool_calls import MalformedCall, ToolCall, parse_tool_calls
-from prorl_server.agent.tools import Tool, ToolArgumentError, bash_tool, editor_tool, ipython_tool, submit_tool
+from prorl_server.agent.tools import (
+    Tool,
+    ToolArgumentError,
+    ToolResult,
+    bash_tool,
+    editor_tool,
+    ipython_tool,
+    submit_tool,
+)
 
 __all__ = [
     "AgentLoop",
@@ -27,6 +35,7 @@ __all__ = [
     "Tool",
     "ToolArgumentError",
     "ToolCall",
+    "ToolResult",
     "bash_tool",
     "editor_tool",
     "ipython_tool",

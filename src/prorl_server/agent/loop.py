@@ -1,17 +1,27 @@
 """The agent loop shared by handlers: generate, parse tool calls, run them in the sandbox, repeat.
 
 Token ids only: the prompt is the chat template of the system prompt (the task's instructions plus the
-tool schemas in the Hermes format) and the first user message; after that every turn appends the sampled
-ids and the template delta of the observations (`LLMSession`), never a re-tokenization of model output.
+tool schemas in the Hermes format) and the first user message, or a list of messages (few-shot turns);
+after that every turn appends the sampled ids and the template delta of the observations (`LLMSession`),
+never a re-tokenization of model output.
 
-The episode ends when the model calls the submitting tool (`stop_reason="submitted"`), after `max_turns`
-turns ("max_turns"), when the next turn could not fit the model's context ("context_length": the prompt
-plus `max_tokens` would exceed the limit, checked before each turn), or, with `on_no_tool_call="finish"`,
-at the first turn without a tool call ("no_tool_call"). Malformed calls, unknown tools and bad arguments
-become error observations the model reads; an exception inside a tool (the sandbox died) fails the job.
+The episode ends when a tool ends it (`stop_reason="submitted"`: the submitting tool, or a tool returning
+`ToolResult(done=True)`), after `max_turns` turns ("max_turns"), when the next turn could not fit the
+model's context ("context_length": the prompt plus `max_tokens` would exceed the limit, checked before
+each turn and before appending observations), or, with `on_no_tool_call="finish"`, at the first turn
+without a tool call ("no_tool_call"). The trajectory ends with the model's last turn: the tools of the
+last allowed turn still run (their effects count) but their observations are not appended, nor when the
+context is already too full for another turn (only observations that fit but leave no room for a turn
+end it: their length is known once appended). Malformed calls, unknown tools and bad arguments become error observations the model reads; a
+failed sandbox (`SandboxFailure`) or any other exception inside a tool fails the job.
 
-`agent_config` keys (from the request's `sampling_params`): `max_turns`, `max_context_length` (else the
-backend's `max_model_len`), `tool_timeout`, `system_prompt` (replaces the handler's instructions).
+Roles: tool results and the errors of calls are `observation_role` messages ("tool": the chat template
+wraps them as tool responses); the loop's own reminder after a turn without a call answers no call, so
+it is a `reminder_role` message ("user").
+
+`agent_config` keys (from the request's `sampling_params`): `max_turns` (default: the loop's, 10),
+`max_context_length` (else the backend's `max_model_len`), `tool_timeout` (seconds, default 30),
+`system_prompt` (replaces the handler's instructions, or is appended to them: `system_prompt_mode`).
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prorl_server.agent.tool_calls import FORMAT_HINT, MalformedCall, ToolCall, parse_tool_calls
-from prorl_server.agent.tools import Tool, ToolArgumentError
+from prorl_server.agent.tools import Tool, ToolArgumentError, ToolResult
 from prorl_server.handlers.context import JobContext
 
 DEFAULT_MAX_TURNS = 10
@@ -29,6 +39,8 @@ DEFAULT_TURN_TOKENS = 1024  # max_tokens of a turn when the sampling params do n
 MIN_TURN_TOKENS = 16  # without max_tokens, fewer free tokens than this end the episode
 
 StopReason = Literal["submitted", "max_turns", "context_length", "no_tool_call"]
+SystemPromptMode = Literal["replace", "append"]
+Message = dict[str, Any]
 
 
 def tools_prompt(instructions: str, tools: list[Tool]) -> str:
@@ -66,17 +78,22 @@ class AgentResult:
 
 @dataclass
 class AgentLoop:
-    """A tool-using agent: `await AgentLoop(tools, instructions).run(ctx, task_text)`.
+    """A tool-using agent: `await AgentLoop(tools, instructions).run(ctx, task)`.
 
-    `observation_role` is the role of tool results ("tool": the chat template decides how they look).
-    `no_tool_call_reminder` is what the model reads after a turn without a call (`on_no_tool_call="remind"`).
+    `system_prompt_mode`: what the trainer's `agent_config["system_prompt"]` does to `instructions`,
+    "replace" them (default) or "append" to them; the handler chooses. `observation_role` is the role of
+    tool results ("tool": the chat template decides how they look); `reminder_role` the role of the
+    loop's own messages ("user"). `no_tool_call_reminder` is what the model reads after a turn without a
+    call (`on_no_tool_call="remind"`).
     """
 
     tools: list[Tool]
     instructions: str
     max_turns: int = DEFAULT_MAX_TURNS
     on_no_tool_call: Literal["remind", "finish"] = "remind"
+    system_prompt_mode: SystemPromptMode = "replace"
     observation_role: str = "tool"
+    reminder_role: str = "user"
     no_tool_call_reminder: str = field(
         default=f"No tool call found. Call a tool as {FORMAT_HINT}, or call the submitting tool when you are done."
     )
@@ -85,21 +102,33 @@ class AgentLoop:
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique: {names}")
+        if self.system_prompt_mode not in ("replace", "append"):
+            raise ValueError(f"system_prompt_mode must be 'replace' or 'append', not {self.system_prompt_mode!r}")
         self._by_name = {t.name: t for t in self.tools}
 
-    async def run(self, ctx: JobContext, task: str) -> AgentResult:
-        """Run one episode on `ctx.llm` (filling `ctx.trajectory`); records the summary in `ctx.artifacts`."""
+    def system_instructions(self, agent_config: dict[str, Any]) -> str:
+        """The instructions of the system prompt (before the tool schemas), given the trainer's
+        `agent_config["system_prompt"]` and `system_prompt_mode`."""
+        override = agent_config.get("system_prompt")
+        if not override:
+            return self.instructions
+        if self.system_prompt_mode == "append":
+            return f"{self.instructions.strip()}\n\n{str(override).strip()}"
+        return str(override)
+
+    async def run(self, ctx: JobContext, task: str | list[Message]) -> AgentResult:
+        """Run one episode on `ctx.llm` (filling `ctx.trajectory`); records the summary in `ctx.artifacts`.
+
+        `task` is the first user message, or the messages after the system prompt (few-shot examples,
+        then the task): no `system` message (the loop writes it), and not ending with an `assistant` one.
+        """
         config = ctx.agent_config
         max_turns = int(config.get("max_turns") or self.max_turns)
-        instructions = str(config.get("system_prompt") or self.instructions)
-        messages = [
-            {"role": "system", "content": tools_prompt(instructions, self.tools)},
-            {"role": "user", "content": task},
-        ]
-        await ctx.llm.start(messages)
+        system = {"role": "system", "content": tools_prompt(self.system_instructions(config), self.tools)}
+        await ctx.llm.start([system, *_conversation(task)])
         limit = config.get("max_context_length") or await ctx.llm.context_limit()
         result = AgentResult(stop_reason="max_turns")
-        for _ in range(max_turns):
+        while result.turns < max_turns:
             overrides = self._turn_budget(ctx, limit)
             if overrides is None:
                 result.stop_reason = "context_length"
@@ -110,7 +139,12 @@ class AgentLoop:
             if stop is not None:
                 result.stop_reason = stop
                 break
-            await ctx.llm.add_messages([{"role": self.observation_role, "content": o} for o in observations])
+            if result.turns == max_turns:  # no turn answers them: the trajectory ends with the model's turn
+                break
+            if self._turn_budget(ctx, limit) is None:  # full already: the observations would end it
+                result.stop_reason = "context_length"
+                break
+            await ctx.llm.add_messages(observations)
         ctx.artifacts["agent"] = result.summary()
         return result
 
@@ -125,20 +159,20 @@ class AgentLoop:
         room = limit - used
         return {"max_tokens": min(DEFAULT_TURN_TOKENS, room)} if room >= MIN_TURN_TOKENS else None
 
-    async def _act(self, ctx: JobContext, text: str, result: AgentResult) -> tuple[list[str], StopReason | None]:
-        """Run the turn's calls in order; returns their observations, or why the episode ends."""
+    async def _act(self, ctx: JobContext, text: str, result: AgentResult) -> tuple[list[Message], StopReason | None]:
+        """Run the turn's calls in order; returns the messages the model reads next, or why the episode ends."""
         calls = parse_tool_calls(text)
         if not calls:
             if self.on_no_tool_call == "finish":
                 return [], "no_tool_call"
-            return [self.no_tool_call_reminder], None
+            return [{"role": self.reminder_role, "content": self.no_tool_call_reminder}], None
         observations = []
         for call in calls:
             result.tool_calls += 1
             observation = await self._call(ctx, call, result)
             if result.submission is not None:
                 return observations, "submitted"
-            observations.append(observation)
+            observations.append({"role": self.observation_role, "content": observation})
         return observations, None
 
     async def _call(self, ctx: JobContext, call: ToolCall | MalformedCall, result: AgentResult) -> str:
@@ -157,4 +191,29 @@ class AgentLoop:
         if tool.ends_episode:
             result.submission = arguments
             return ""
-        return await tool.run(ctx, arguments)
+        outcome = await tool.run(ctx, arguments)
+        if not isinstance(outcome, ToolResult):
+            return outcome
+        if outcome.done:
+            result.submission = arguments
+        return outcome.observation
+
+
+def _conversation(task: str | list[Message]) -> list[Message]:
+    """The messages after the system prompt: the task as one user message, or the given list, checked."""
+    if isinstance(task, str):
+        return [{"role": "user", "content": task}]
+    messages = [dict(m) for m in task]
+    if not messages:
+        raise ValueError("the task's message list is empty")
+    for i, message in enumerate(messages):
+        if not isinstance(message.get("role"), str) or "content" not in message:
+            raise ValueError(f"message {i} of the task needs a string 'role' and a 'content'")
+        if message["role"] == "system":
+            raise ValueError(
+                f"message {i} of the task is a system message: the loop writes the system prompt "
+                "(put instructions in AgentLoop.instructions)"
+            )
+    if messages[-1]["role"] == "assistant":
+        raise ValueError("the task's messages end with an assistant message: the model would answer nothing")
+    return messages

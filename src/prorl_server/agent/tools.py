@@ -1,8 +1,12 @@
 """Tools an agent can call: a JSON schema the model sees, and what a call does in the job's sandbox.
 
-`Tool.run(ctx, arguments)` returns the observation text the model reads next. A tool with
-`ends_episode=True` (`submit_tool`) runs nothing: calling it ends the episode and its arguments become the
-submission. The built-in tools act on `ctx.sandbox` with `agent_config["tool_timeout"]` (default 30 s).
+`Tool.run(ctx, arguments)` returns the observation text the model reads next, or a `ToolResult`: with
+`done=True` the call ends the episode (its arguments become the submission), else its `observation` is
+what the model reads, so a tool decides at each call whether the episode ends (`submit_tool(check=...)`
+lets the model retry a wrong submission). A tool with `ends_episode=True` (a plain `submit_tool()`) runs
+nothing: any well-formed call ends the episode. The built-in tools act on `ctx.sandbox` with
+`agent_config["tool_timeout"]` (default 30 s); a failed action (`ActionError`: a refused edit, a missing
+file) is an observation, a failed sandbox (`SandboxFailure`) propagates and fails the job.
 """
 
 from __future__ import annotations
@@ -12,9 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prorl_server.handlers.context import JobContext
-from prorl_server.tools.client import CLIENT_ERRORS, ToolError
+from prorl_server.tools.errors import ActionError
 
-ToolFunction = Callable[[JobContext, dict[str, Any]], Awaitable[str]]
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool call's outcome when it may end the episode.
+
+    `done=False`: `observation` is what the model reads next (e.g. why a submission is wrong, so it can
+    retry). `done=True`: the episode ends after this call with `stop_reason="submitted"`, the call's
+    arguments become `AgentResult.submission`, and nothing more is appended (`observation` is not shown).
+    """
+
+    observation: str = ""
+    done: bool = False
+
+
+ToolFunction = Callable[[JobContext, dict[str, Any]], Awaitable[str | ToolResult]]
+SubmitCheck = Callable[[JobContext, dict[str, Any]], Awaitable[str | None]]
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -33,7 +52,8 @@ class ToolArgumentError(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
-    """A function the model may call."""
+    """A function the model may call: `run(ctx, arguments)` returns the observation (str) or a `ToolResult`;
+    `ends_episode=True` ends the episode at any well-formed call without running anything."""
 
     name: str
     description: str
@@ -56,9 +76,8 @@ class Tool:
             raise ToolArgumentError(f"{self.name} needs the argument(s) {', '.join(missing)}")
         unknown = sorted(set(arguments) - set(properties))
         if unknown:
-            raise ToolArgumentError(
-                f"{self.name} has no argument(s) {', '.join(unknown)}; it takes: {', '.join(properties)}"
-            )
+            takes = f"it takes: {', '.join(properties)}" if properties else "it takes no arguments"
+            raise ToolArgumentError(f"{self.name} has no argument(s) {', '.join(unknown)}; {takes}")
         for key, value in arguments.items():
             expected = properties[key].get("type")
             types = _JSON_TYPES.get(expected) if isinstance(expected, str) else None
@@ -102,9 +121,7 @@ async def _edit(ctx: JobContext, arguments: dict[str, Any]) -> str:
     options = {k: v for k, v in arguments.items() if k not in ("command", "path")}
     try:
         result = await _sandbox(ctx).edit(arguments["command"], arguments["path"], **options)
-    except ToolError as exc:  # the file system refused (read-only, not readable, ...): the model reads why
-        if exc.error in CLIENT_ERRORS:  # the sandbox itself is gone: the job fails
-            raise
+    except ActionError as exc:  # the file system refused (read-only, not readable, ...): the model reads why
         return f"Error: {exc.error}: {exc.message}"
     return result.output if result.success else f"Error: {result.output}"
 
@@ -160,6 +177,19 @@ def submit_tool(
     name: str = "submit",
     description: str = "Submit your final answer; this ends the episode.",
     parameters: dict[str, Any] | None = None,
+    check: SubmitCheck | None = None,
 ) -> Tool:
-    """The tool that ends the episode; its arguments are the submission (e.g. `{"answer": ...}`)."""
-    return Tool(name, description, parameters or _object({}, []), None, ends_episode=True)
+    """The tool that ends the episode; its arguments are the submission (e.g. `{"answer": ...}`).
+
+    With `check`, an `async def check(ctx, arguments) -> str | None`, the episode ends only when it returns
+    None; a string rejects the submission and is the observation the model reads (it may submit again).
+    """
+    schema = parameters or _object({}, [])
+    if check is None:
+        return Tool(name, description, schema, None, ends_episode=True)
+
+    async def run(ctx: JobContext, arguments: dict[str, Any]) -> ToolResult:
+        rejection = await check(ctx, arguments)
+        return ToolResult(done=True) if rejection is None else ToolResult(rejection)
+
+    return Tool(name, description, schema, run)

@@ -36,7 +36,8 @@ async def start_group(
     By default the call blocks until the group is decided and answers its GroupResult (200). With
     `?wait=false` it answers 202 with the group id and member job ids at once; poll `GET /groups/{group_id}`.
     The same request sent again under the same `group_id` gets that group (never a second launch); a
-    different request under that id is 409.
+    different request under that id is 409. An instance its handler's `validate_instance` refuses is 400,
+    with no member launched.
     """
     body = await parse_body(request, GroupRequest)
     group = _runner(request).start(body)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
+from prorl_server.pipeline.submission import check_instance
 from prorl_server.protocol import (
     TERMINAL_STATUSES,
     AckRequest,
@@ -34,7 +35,9 @@ JobIdPath = Annotated[str, Path(min_length=1, max_length=JOB_ID_MAX_CHARS)]
 async def process(request: Request) -> Response:
     """Run one job and return its result when it is terminal (the result is also kept for `GET /jobs`)."""
     body = await parse_body(request, ProcessRequest)
-    job = request.app.state.server.orchestrator.submit(body)
+    orchestrator = request.app.state.server.orchestrator
+    check_instance(orchestrator.registry, body.instance)
+    job = orchestrator.submit(body)
     return model_response(await job.wait())
 
 
@@ -42,7 +45,9 @@ async def process(request: Request) -> Response:
 async def submit(request: Request) -> Response:
     """Queue a job and return its id at once."""
     body = await parse_body(request, ProcessRequest)
-    job = request.app.state.server.orchestrator.submit(body)
+    orchestrator = request.app.state.server.orchestrator
+    check_instance(orchestrator.registry, body.instance)
+    job = orchestrator.submit(body)
     return model_response(JobAccepted(job_id=job.id), status_code=202)
 
 

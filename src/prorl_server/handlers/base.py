@@ -5,7 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from prorl_server.handlers.context import JobContext
+from prorl_server.handlers.failure import exception_location, short_traceback
 from prorl_server.protocol import ErrorInfo, JobResult
 
 # Keys of `sampling_params` that configure the agent rather than vLLM; they are moved to
@@ -23,6 +26,15 @@ class AgentHandler(ABC):
 
     name: ClassVar[str] = ""
     agent_config_keys: ClassVar[frozenset[str]] = frozenset()
+    instance_model: ClassVar[type[BaseModel] | None] = None
+    """A pydantic model every submitted instance must validate against (None: no check)."""
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        """Check an instance when it is submitted; raise ValueError (or a pydantic ValidationError) naming
+        the field to refuse it with HTTP 400. Runs inline on the API's event loop: keep it cheap, no I/O.
+        Default: validate against `instance_model`, if set. The instance is not changed either way."""
+        if self.instance_model is not None:
+            self.instance_model.model_validate(instance)
 
     def init(self, ctx: JobContext) -> Any:
         """Prepare the job: start a sandbox, register its cleanup with `ctx.on_release`. Default: nothing."""
@@ -54,5 +66,11 @@ class AgentHandler(ABC):
 
 
 def default_error(stage: str, exc: BaseException) -> ErrorInfo:
-    """The error a stage exception becomes unless the handler decides otherwise."""
-    return ErrorInfo(stage=stage, type=type(exc).__name__, message=str(exc) or repr(exc))
+    """The error a stage exception becomes unless the handler decides otherwise, with where it was raised."""
+    return ErrorInfo(
+        stage=stage,
+        type=type(exc).__name__,
+        message=str(exc) or repr(exc),
+        location=exception_location(exc),
+        traceback=short_traceback(exc),
+    )

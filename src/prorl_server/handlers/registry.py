@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from prorl_server.handlers.base import AgentHandler
+from prorl_server.handlers.failure import import_error_location
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def load_target(target: str) -> type[AgentHandler]:
         raise
     except Exception as exc:
         raise HandlerLoadError(
-            f"cannot import {module_part!r} for handler {target!r}: {type(exc).__name__}: {exc}"
+            f"cannot import {module_part!r} for handler {target!r}: {describe_load_error(exc)}"
         ) from exc
     cls = getattr(module, attr, None)
     if cls is None:
@@ -55,6 +56,13 @@ def load_target(target: str) -> type[AgentHandler]:
     if not (isinstance(cls, type) and issubclass(cls, AgentHandler)):
         raise HandlerLoadError(f"{target} is not a subclass of prorl_server.AgentHandler")
     return cls
+
+
+def describe_load_error(exc: BaseException) -> str:
+    """`Type: message (at file.py:12 in func)`: why a plugin failed to load, and where in its code."""
+    location = import_error_location(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} (at {location})" if location else text
 
 
 def _import(module_part: str) -> ModuleType:
@@ -88,7 +96,7 @@ class HandlerRegistry:
                     raise HandlerLoadError(f"{ep.value} is not a subclass of prorl_server.AgentHandler")
                 entry.handler = cls()
             except Exception as exc:
-                entry.error = f"{type(exc).__name__}: {exc}"
+                entry.error = describe_load_error(exc)
                 log.error("handler plugin %r (%s) failed to load: %s", ep.name, ep.value, entry.error)
             self._entries[ep.name] = entry
 
@@ -101,7 +109,11 @@ class HandlerRegistry:
         name = name or cls.name
         if not name:
             raise HandlerLoadError(f"{target} has no `name` class attribute; pass --handler NAME={target}")
-        self.register(name, cls(), target)
+        try:
+            handler = cls()
+        except Exception as exc:
+            raise HandlerLoadError(f"cannot instantiate handler {target!r}: {describe_load_error(exc)}") from exc
+        self.register(name, handler, target)
         return name
 
     def register(self, data_source: str, handler: AgentHandler, target: str | None = None) -> None:

@@ -170,6 +170,7 @@ class LLMSession:
                 max_new_tokens=max_new,
                 vocab_size=backend.vocab_size,
                 timeout_s=self.pool.completion_timeout(backend, max_new),
+                job_id=self.job_id,
             )
             self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
             return completion, version

@@ -12,6 +12,7 @@ import asyncio
 import json
 import weakref
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
@@ -36,6 +37,8 @@ from prorl_server.llm.vllm_protocol import (
 _POOL_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
 # identity: the byte bounds apply to what is held in memory, not to a compressed size
 _HEADERS = {"accept-encoding": "identity", "content-type": "application/json"}
+# names the job a completion is for (percent-encoded): test doubles pick that job's scripted replies by it
+JOB_ID_HEADER = "x-prorl-job-id"
 
 
 def server_root(address: str) -> str:
@@ -82,12 +85,18 @@ class VLLMClient:
             await client.aclose()
 
     async def call(
-        self, method: str, url: str, content: bytes | None, limit: int, timeout_s: float | None
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        limit: int,
+        timeout_s: float | None,
+        headers: dict[str, str] | None = None,
     ) -> bytes | bytearray:
         """The body of a successful answer of at most `limit` bytes, within `timeout_s` (None: no stall limit)."""
         stall = asyncio.timeout(timeout_s)
         try:
-            async with stall, self._client().stream(method, url, content=content) as response:
+            async with stall, self._client().stream(method, url, content=content, headers=headers) as response:
                 if response.status_code >= 400:
                     raise _status_error(response, await _read(response, limits.ERROR_BYTES, truncate=True))
                 return await _read(response, limit)
@@ -110,8 +119,11 @@ class VLLMClient:
         max_new_tokens: int | None = None,
         vocab_size: int | None = None,
         timeout_s: float | None = None,
+        job_id: str | None = None,
     ) -> Completion:
         """Generate from token ids; returns the sampled ids and their logprobs exactly as the engine sent them.
+
+        `job_id` is sent in the `X-Prorl-Job-Id` header (percent-encoded); engines ignore it.
 
         `max_new_tokens`: the most the request may return (default: `max_tokens` of the sampling params, see
         response_limits.requested_tokens). The answer is refused (BackendProtocolError) when it is larger than that can need or
@@ -124,7 +136,9 @@ class VLLMClient:
         if max_new_tokens is None:
             max_new_tokens = limits.requested_tokens(sampling_params, len(prompt_ids), None)
         limit = limits.completion_bytes(max_new_tokens, len(prompt_ids))
-        body = await self.call("POST", f"{address.rstrip('/')}/completions", _json(payload), limit, timeout_s)
+        headers = {JOB_ID_HEADER: quote(job_id, safe="")} if job_id is not None else None
+        url = f"{address.rstrip('/')}/completions"
+        body = await self.call("POST", url, _json(payload), limit, timeout_s, headers)
         return parse_completion(body, max_tokens=max_new_tokens, vocab_size=vocab_size)
 
     async def tokenize_messages(

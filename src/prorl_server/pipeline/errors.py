@@ -8,7 +8,8 @@ class SubmissionError(Exception):
 
 
 class InvalidInstance(SubmissionError):
-    """The instance cannot be routed (for example no `data_source`). HTTP 400."""
+    """The instance cannot be routed (for example no `data_source`), or its handler's `validate_instance`
+    refused it. HTTP 400."""
 
 
 class DuplicateJob(SubmissionError):

@@ -30,7 +30,7 @@ from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.redundancy import LengthHistory
-from prorl_server.pipeline.submission import FinishedJob
+from prorl_server.pipeline.submission import FinishedJob, check_instance
 from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
 from prorl_server.protocol.groups import (
     GroupMember,
@@ -225,8 +225,9 @@ class GroupRunner:
 
     def start(self, request: GroupRequest) -> Group:
         """Submit the members and start the group (call on the event loop). The same request under the same
-        `group_id` gets that group back; a different one raises DuplicateGroup. A member the orchestrator
-        refuses (a SubmissionError) cancels the members already submitted and is raised."""
+        `group_id` gets that group back; a different one raises DuplicateGroup. An instance its handler's
+        `validate_instance` refuses raises InvalidInstance before any member is submitted. A member the
+        orchestrator refuses (a SubmissionError) cancels the members already submitted and is raised."""
         group_id = request.group_id or uuid.uuid4().hex
         digest = group_digest(request)
         existing = self.get(group_id)
@@ -237,6 +238,7 @@ class GroupRunner:
                     "again gets that group, a new request needs another id"
                 )
             return existing
+        check_instance(self.orchestrator.registry, request.instance)  # once for all members
         launch, tail_pruned = self._size(request)
         jobs: list[Job | FinishedJob] = []
         try:

@@ -18,6 +18,7 @@ from prorl_server.handlers import (
     JobContext,
     default_error,
 )
+from prorl_server.handlers.failure import exception_location, short_traceback
 from prorl_server.llm import BackendPool, LLMSession
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
@@ -341,7 +342,7 @@ class Orchestrator:
             return
         error = await self._stage_exception(job, stage, exc)
         if error is not None:
-            await self._finish(job, JobStatus.FAILED, error=error)
+            await self._finish(job, JobStatus.FAILED, error=_with_origin(error, exc), exc=exc)
         elif stage == "eval":
             await self._finish(job, JobStatus.COMPLETED, reward=0.0, details={})
         else:
@@ -352,7 +353,7 @@ class Orchestrator:
             try:
                 reward, details = parse_eval_outcome(value)
             except (TypeError, ValueError) as exc:
-                await self._finish(job, JobStatus.FAILED, error=default_error("eval", exc))
+                await self._finish(job, JobStatus.FAILED, error=default_error("eval", exc), exc=exc)
                 return
             await self._finish(job, JobStatus.COMPLETED, reward=reward, details=details)
             return
@@ -394,7 +395,10 @@ class Orchestrator:
         error: ErrorInfo | None = None,
         reward: float | None = None,
         details: dict[str, Any] | None = None,
+        exc: BaseException | None = None,
     ) -> None:
+        """End the job with this outcome (through `final_result`); a failed or timed-out job is logged once,
+        at WARNING, with `exc`'s traceback when it ended on an exception."""
         job.ctx.finish()  # first: what a stage still running acquires after this release is released at once
         await job.ctx.release()
         result = self._result(job, status, error=error, reward=reward, details=details)
@@ -404,11 +408,13 @@ class Orchestrator:
                 result = await call_handler(job.handler.final_result, job.ctx, result, executor=executor)
                 if not isinstance(result, JobResult):
                     raise TypeError(f"final_result() must return a JobResult, got {type(result).__name__}")
-            except Exception as exc:
-                log.exception("final_result of handler %s raised", type(job.handler).__name__)
-                result = self._result(job, JobStatus.FAILED, error=default_error("final_result", exc))
+            except Exception as final_exc:
+                exc = final_exc
+                result = self._result(job, JobStatus.FAILED, error=default_error("final_result", final_exc))
         if job.finish(result):
             self._store(job)
+            if result.status in (JobStatus.FAILED, JobStatus.TIMEOUT):
+                _log_failure(result, exc)
 
     def _store(self, job: Job) -> None:
         assert job.result is not None
@@ -459,6 +465,24 @@ class Orchestrator:
                 error=ErrorInfo(stage="result", type="InvalidResult", message=message),
                 **fields,
             )
+
+
+def _with_origin(error: ErrorInfo, exc: BaseException) -> ErrorInfo:
+    """`error` with `exc`'s location and short traceback, unless it already has either."""
+    if error.location is not None or error.traceback is not None:
+        return error
+    return error.model_copy(update={"location": exception_location(exc), "traceback": short_traceback(exc)})
+
+
+def _log_failure(result: JobResult, exc: BaseException | None) -> None:
+    error = result.error  # final_result may have dropped it
+    outcome = "timed out" if result.status == JobStatus.TIMEOUT else "failed"
+    if error is None:
+        what = "(no error given)"
+    else:
+        where = f" at {error.location}" if error.location else ""
+        what = f"in {error.stage}: {error.type}: {error.message}{where}"
+    log.warning("job %s (data_source %r) %s %s", result.job_id, result.data_source, outcome, what, exc_info=exc)
 
 
 def _snapshot(traj: Trajectory) -> Trajectory:

@@ -106,11 +106,23 @@ class Trajectory(BaseModel):
 
 
 class ErrorInfo(BaseModel):
-    """Why a job did not complete: the stage, the exception type and a message."""
+    """Why a job did not complete: the stage, the exception type and a message; for an exception, also
+    where it was raised (`location`) and the end of its traceback."""
 
     stage: str
     type: str
     message: str
+    location: str | None = Field(
+        default=None,
+        description="`path/to/file.py:123 in func`: the innermost frame of handler code (outside prorl_server "
+        "and the standard library) in the exception's traceback, else its innermost frame; null when the "
+        "job did not end on an exception (timeout, cancel, stale).",
+    )
+    traceback: str | None = Field(
+        default=None,
+        description="The exception's last few frames and its message, at most 2000 characters (the end is "
+        "kept); null when the job did not end on an exception.",
+    )
 
 
 class StageTiming(BaseModel):

@@ -10,17 +10,18 @@ import importlib
 import logging
 from typing import Any
 
+from prorl_server.config import RUNTIME_NAMES, RuntimeName
 from prorl_server.sandbox.base import Runtime, SandboxError
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = {
+CHOICES = RUNTIME_NAMES  # declared once, in config.py
+AUTO_ORDER = tuple(name for name in CHOICES if name != "auto")
+RUNTIMES: dict[RuntimeName, str] = {  # one implementation per name of AUTO_ORDER
     "apptainer": "prorl_server.sandbox.apptainer:ApptainerRuntime",
     "bwrap": "prorl_server.sandbox.bwrap:BwrapRuntime",
     "local": "prorl_server.sandbox.local:LocalRuntime",
 }
-AUTO_ORDER = ("apptainer", "bwrap", "local")
-CHOICES = ("auto", *RUNTIMES)
 
 
 def runtime_class(name: str) -> type[Runtime]:

@@ -8,6 +8,7 @@ what "the model" says. They are not an LLM.
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord
 from prorl_server.testing.recording_proxy import RecordedGeneration, RecordingProxy
 from prorl_server.testing.scripted_backend import (
+    NoReplyQueued,
     ScriptedBackend,
     ScriptedReply,
     ToyChatTokenizer,
@@ -19,6 +20,7 @@ __all__ = [
     "Endpoint",
     "Fault",
     "FaultRecord",
+    "NoReplyQueued",
     "RecordedGeneration",
     "RecordingProxy",
     "ScriptedBackend",

@@ -14,10 +14,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Scripted vLLM-protocol backend (a TEST DOUBLE, not an LLM).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--delay", type=float, default=0.0, help="default seconds per completion")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per completion of replies without delay_s")
+    parser.add_argument(
+        "--default-reply",
+        metavar="TEXT",
+        help="answer TEXT when no reply is queued for a completion (default: fail it with HTTP 409)",
+    )
     parser.add_argument("--legacy-token-strings", action="store_true", help="answer with token_id:N strings only")
     args = parser.parse_args(argv)
-    backend = ScriptedBackend(legacy_token_strings=args.legacy_token_strings, default_delay_s=args.delay)
+    backend = ScriptedBackend(
+        legacy_token_strings=args.legacy_token_strings, default_delay_s=args.delay, default_reply=args.default_reply
+    )
     uvicorn.run(create_scripted_backend_app(backend), host=args.host, port=args.port, log_level="warning")
 
 

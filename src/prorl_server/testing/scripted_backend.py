@@ -1,8 +1,11 @@
 """ScriptedBackend: a test double speaking the subset of vLLM's HTTP protocol prorl-server uses.
 
-It returns token ids and logprobs the test controls (queue replies with `POST /script` or
-`ScriptedBackend.push`), records every request, and notices when a client disconnects mid-generation
-(as vLLM aborts the request then). Its tokenizer is a toy: ChatML specials are single ids, every other
+It returns token ids and logprobs the test controls, records every request, and notices when a client
+disconnects mid-generation (as vLLM aborts the request then). Replies are queued (`ScriptedBackend.push` or
+`POST /script`) for one job (prorl-server names the job in the X-Prorl-Job-Id header), for prompts that
+contain a text or match a regex, or on a global queue; a completion nothing is queued for fails with HTTP 409
+unless the double was given a `default_reply`. `GET /script` shows the queues and the requests seen,
+`DELETE /script` empties them. Its tokenizer is a toy: ChatML specials are single ids, every other
 character is its code point + 10. Told to (`inject`), it misbehaves: hangs, fails, or answers malformed or
 oversized data (`misbehaving.py`). Run it standalone with `python -m prorl_server.testing`.
 """
@@ -11,15 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from prorl_server.llm.vllm_client import JOB_ID_HEADER
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord, misbehave
 
 MODEL_NAME = "scripted-test-double"
@@ -67,39 +74,97 @@ class ToyChatTokenizer:
 
 
 class ScriptedReply(BaseModel):
-    """One scripted completion. Give `text` (tokenized, end-of-turn appended when `stop`) or `ids`."""
+    """One scripted completion: `text` (tokenized, end-of-turn appended when `finish_reason` is "stop") or `ids`.
+
+    A `status_code` other than 200 answers that HTTP error instead (after `delay_s`).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str | None = None
-    ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    finish_reason: str = "stop"
-    delay_s: float = Field(default=0.0, ge=0, description="Seconds to 'generate' (disconnects are noticed).")
-    status_code: int = 200
+    text: str | None = Field(default=None, description="What the model says (ignored when `ids` is given).")
+    ids: list[int] | None = Field(default=None, description="The exact token ids to return, as they are.")
+    logprobs: list[float] | None = Field(default=None, description="One per id (default: -0.1 .. -0.7 cycling).")
+    finish_reason: str = Field(default="stop", description='"stop" (end-of-turn appended to `text`) or "length".')
+    delay_s: float | None = Field(
+        default=None, ge=0, description="Seconds to 'generate' (default: the backend's default_delay_s)."
+    )
+    status_code: int = Field(default=200, description="200, or 400 to 599: answer this HTTP error instead.")
+
+    @field_validator("status_code")
+    @classmethod
+    def _an_answer_or_an_error(cls, status: int) -> int:
+        if status != 200 and not 400 <= status <= 599:
+            raise ValueError("status_code is 200 (a completion) or an error status, 400 to 599")
+        return status
+
+
+Reply = ScriptedReply | str
+"""A reply as tests write it: a plain string is `ScriptedReply(text=...)`."""
+
+
+def as_reply(reply: Reply) -> ScriptedReply:
+    """`reply` as a ScriptedReply."""
+    return ScriptedReply(text=reply) if isinstance(reply, str) else reply
+
+
+@dataclass
+class PromptScript:
+    """Replies for completions whose decoded prompt matches: contains `text`, or `regex` finds a match."""
+
+    text: str | None
+    regex: re.Pattern[str] | None
+    replies: collections.deque[ScriptedReply] = field(default_factory=collections.deque)
+
+    def matches(self, prompt: str) -> bool:
+        """Whether this script is for `prompt`."""
+        return self.text in prompt if self.regex is None else self.regex.search(prompt) is not None
+
+    def describe(self) -> str:
+        """How it matches, e.g. `prompt containing 'x'`."""
+        return f"prompt containing {self.text!r}" if self.regex is None else f"prompt matching /{self.regex.pattern}/"
 
 
 @dataclass
 class RequestRecord:
-    """What the double saw of one completion request."""
+    """What the double saw of one completion request, and which script answered it (`source`)."""
 
     prompt: list[int]
     params: dict[str, Any]
-    outcome: str = "running"  # running | done | aborted | faulted (see fault_log)
+    job_id: str | None = None  # from the X-Prorl-Job-Id header prorl-server sends
+    source: str = ""  # "job 'j'", "prompt containing 'x'", "global queue", "default reply" or "none"
+    outcome: str = "running"  # running | done | aborted | faulted (see fault_log) | unscripted
     started: float = field(default_factory=time.monotonic)
 
 
+class NoReplyQueued(LookupError):
+    """A completion came in and no script had a reply for it (and there is no default reply)."""
+
+
 class ScriptedBackend:
-    """State of the double: queued replies, request log, tokenizer."""
+    """State of the double: queued replies (per job, per prompt match, global), request log, tokenizer.
+
+    A completion takes the first reply of, in order: its job's queue (when that job was ever scripted), the
+    first prompt script that matches and still has replies (when one matches), the global queue. A job or
+    prompt script that is used up does not fall through to the global queue. With nothing left, the
+    `default_reply` answers if there is one; otherwise the completion fails with HTTP 409 (NoReplyQueued).
+    """
 
     def __init__(
-        self, *, legacy_token_strings: bool = False, default_delay_s: float = 0.0, report_vocab_size: bool = False
+        self,
+        *,
+        legacy_token_strings: bool = False,
+        default_delay_s: float = 0.0,
+        report_vocab_size: bool = False,
+        default_reply: Reply | None = None,
     ) -> None:
         self.tokenizer = ToyChatTokenizer()
         self.legacy_token_strings = legacy_token_strings
-        self.default_delay_s = default_delay_s
+        self.default_delay_s = default_delay_s  # the delay of replies that set no delay_s
+        self.default_reply = as_reply(default_reply) if default_reply is not None else None
         self.report_vocab_size = report_vocab_size  # as llama.cpp does (meta.n_vocab); vLLM does not
-        self.replies: collections.deque[ScriptedReply] = collections.deque()
+        self.replies: collections.deque[ScriptedReply] = collections.deque()  # the global queue
+        self.job_replies: dict[str, collections.deque[ScriptedReply]] = {}
+        self.prompt_scripts: list[PromptScript] = []
         self.requests: list[RequestRecord] = []
         self.healthy = True
         self.faults: dict[Endpoint, collections.deque[Fault]] = collections.defaultdict(collections.deque)
@@ -126,18 +191,90 @@ class ScriptedBackend:
             self.fault_log.append(record)
             return record
 
-    def push(self, *replies: ScriptedReply | str) -> None:
-        """Queue replies (a plain string is a `ScriptedReply(text=...)`)."""
+    def push(
+        self, *replies: Reply, job: str | None = None, prompt: str | None = None, prompt_regex: str | None = None
+    ) -> int:
+        """Queue replies for one job (`job`, its job id), for prompts that contain `prompt` or match
+        `prompt_regex` (re.search on the decoded prompt), or, with none of these, on the global queue.
+        Returns how many replies that queue now holds."""
+        if sum(key is not None for key in (job, prompt, prompt_regex)) > 1:
+            raise ValueError("push(): give at most one of job, prompt and prompt_regex")
+        parsed = [as_reply(r) for r in replies]
+        regex = re.compile(prompt_regex) if prompt_regex is not None else None
         with self._lock:
-            for reply in replies:
-                self.replies.append(ScriptedReply(text=reply) if isinstance(reply, str) else reply)
+            queue = self._queue(job, prompt, regex)
+            queue.extend(parsed)
+            return len(queue)
 
-    def _next_reply(self) -> ScriptedReply:
+    def _queue(
+        self, job: str | None, prompt: str | None, regex: re.Pattern[str] | None
+    ) -> collections.deque[ScriptedReply]:
+        if job is not None:
+            return self.job_replies.setdefault(job, collections.deque())
+        if prompt is None and regex is None:
+            return self.replies
+        for script in self.prompt_scripts:
+            if script.text == prompt and script.regex == regex:
+                return script.replies
+        self.prompt_scripts.append(PromptScript(prompt, regex))
+        return self.prompt_scripts[-1].replies
+
+    def take(self, job_id: str | None, prompt: str) -> tuple[ScriptedReply, str]:
+        """The reply for a completion of `job_id` with decoded `prompt`, and where it came from.
+
+        Raises NoReplyQueued (its message names the job and the prompt) when no script has one."""
         with self._lock:
-            if self.replies:
-                return self.replies.popleft()
-        n = len(self.requests)
-        return ScriptedReply(text=f"reply {n}", delay_s=self.default_delay_s)
+            if job_id is not None and job_id in self.job_replies:
+                sources = [(f"job {job_id!r}", self.job_replies[job_id])]
+            else:
+                sources = [(s.describe(), s.replies) for s in self.prompt_scripts if s.matches(prompt)]
+                sources = sources or [("global queue", self.replies)]
+            for source, queue in sources:
+                if queue:
+                    return queue.popleft(), source
+            if self.default_reply is not None:
+                return self.default_reply, "default reply"
+        what = "all used up" if sources[0][0] != "global queue" else "queue empty"
+        raise NoReplyQueued(
+            f"scripted backend: no reply queued for job {job_id!r} / prompt ...{prompt[-120:]!r} "
+            f"({', '.join(s for s, _ in sources)}: {what}); push one (ScriptedBackend.push or POST /script) "
+            "or give the double a default reply"
+        )
+
+    def reset(self) -> int:
+        """Drop every queued reply (all queues) and the request log; returns how many replies were dropped."""
+        with self._lock:
+            queues = [self.replies, *self.job_replies.values(), *(s.replies for s in self.prompt_scripts)]
+            dropped = sum(len(q) for q in queues)
+            self.replies.clear()
+            self.job_replies.clear()
+            self.prompt_scripts.clear()
+            self.requests.clear()
+            return dropped
+
+    def script(self) -> dict[str, Any]:
+        """The queued replies per key and the default reply, as JSON (what `GET /script` shows)."""
+
+        def dump(replies: Iterable[ScriptedReply]) -> list[dict[str, Any]]:
+            return [r.model_dump(exclude_none=True) for r in replies]
+
+        with self._lock:
+            prompts = [
+                {"prompt": s.text} if s.regex is None else {"prompt_regex": s.regex.pattern}
+                for s in self.prompt_scripts
+            ]
+            return {
+                "global": dump(self.replies),
+                "jobs": {job: dump(q) for job, q in self.job_replies.items()},
+                "prompts": [
+                    {**p, "replies": dump(s.replies)} for p, s in zip(prompts, self.prompt_scripts, strict=True)
+                ],
+                "default_reply": self.default_reply.model_dump(exclude_none=True) if self.default_reply else None,
+            }
+
+    def delay_of(self, reply: ScriptedReply) -> float:
+        """Seconds `reply` takes: its own delay_s, else the backend's default_delay_s."""
+        return reply.delay_s if reply.delay_s is not None else self.default_delay_s
 
     def materialize(self, reply: ScriptedReply, max_tokens: int | None) -> tuple[list[int], list[float], str]:
         """The ids, logprobs and finish reason a reply stands for, cut to `max_tokens`."""
@@ -152,6 +289,20 @@ class ScriptedBackend:
         if max_tokens is not None and len(ids) > max_tokens:
             ids, logprobs, finish = ids[:max_tokens], logprobs[:max_tokens], "length"
         return ids, logprobs, finish
+
+
+class ScriptPush(BaseModel):
+    """Body of `POST /script` that queues for one key: `job`, `prompt` (substring) or `prompt_regex`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replies: list[Reply]
+    job: str | None = None
+    prompt: str | None = None
+    prompt_regex: str | None = None
+
+
+_SCRIPT_BODY: TypeAdapter[list[Reply] | ScriptPush] = TypeAdapter(list[Reply] | ScriptPush)
 
 
 def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastAPI:
@@ -210,18 +361,27 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
             prompt = tok.encode(prompt)
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return error("prompt must be a string or a list of token ids")
-        record = RequestRecord(prompt=prompt, params={k: v for k, v in body.items() if k != "prompt"})
+        job_id = request.headers.get(JOB_ID_HEADER)
+        record = RequestRecord(
+            prompt=prompt,
+            params={k: v for k, v in body.items() if k != "prompt"},
+            job_id=unquote(job_id) if job_id is not None else None,
+        )
         backend.requests.append(record)
-        reply = backend._next_reply()
-        if reply.status_code != 200:
-            record.outcome = "done"
-            return error(f"scripted failure {reply.status_code}", reply.status_code)
-        deadline = time.monotonic() + reply.delay_s
+        try:
+            reply, record.source = backend.take(record.job_id, tok.decode(prompt))
+        except NoReplyQueued as exc:
+            record.source, record.outcome = "none", "unscripted"
+            return error(str(exc), 409)
+        deadline = time.monotonic() + backend.delay_of(reply)
         while time.monotonic() < deadline:
             if await request.is_disconnected():
                 record.outcome = "aborted"
                 return JSONResponse({}, status_code=499)
             await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        if reply.status_code != 200:
+            record.outcome = "done"
+            return error(f"scripted backend: scripted failure {reply.status_code} ({record.source})", reply.status_code)
         ids, logprobs, finish = backend.materialize(reply, body.get("max_tokens"))
         choice: dict[str, Any] = {
             "index": 0,
@@ -279,12 +439,40 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         return {"success": True}
 
     @app.post("/script")
-    async def script(replies: list[ScriptedReply]) -> dict[str, int]:
-        backend.push(*replies)
-        return {"queued": len(backend.replies)}
+    async def push_script(request: Request) -> Any:
+        try:
+            pushed = _SCRIPT_BODY.validate_json(await request.body())
+            if isinstance(pushed, list):
+                return {"queued": backend.push(*pushed)}
+            keys = {"job": pushed.job, "prompt": pushed.prompt, "prompt_regex": pushed.prompt_regex}
+            return {"queued": backend.push(*pushed.replies, **keys)}
+        except ValidationError as exc:
+            return JSONResponse({"detail": exc.errors(include_url=False, include_context=False)}, status_code=422)
+        except (ValueError, re.error) as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.get("/script")
+    async def show_script() -> dict[str, Any]:
+        return {**backend.script(), "requests": [_seen(r, tok) for r in backend.requests]}
+
+    @app.delete("/script")
+    async def reset_script() -> dict[str, int]:
+        return {"dropped": backend.reset()}
 
     @app.get("/requests")
     async def requests() -> list[dict[str, Any]]:
-        return [{"prompt": r.prompt, "params": r.params, "outcome": r.outcome} for r in backend.requests]
+        return [
+            {"prompt": r.prompt, "params": r.params, "outcome": r.outcome, "job_id": r.job_id, "source": r.source}
+            for r in backend.requests
+        ]
 
     return app
+
+
+def _seen(record: RequestRecord, tok: ToyChatTokenizer) -> dict[str, Any]:
+    return {
+        "job_id": record.job_id,
+        "prompt_text": tok.decode(record.prompt),
+        "source": record.source,
+        "outcome": record.outcome,
+    }

@@ -6,8 +6,12 @@ request/response on the loop it runs on, so no connection is tied to a loop. Eac
 little past the action's own timeout, so a hung server never hangs the caller.
 
 The server runs inside the sandbox and is not trusted (responses.py): a response longer than the request
-allows, or not of the action's shape, is ToolError("ProtocolError") and its connection is closed; outputs
-and messages are capped here again.
+allows, or not of the action's shape, is `ProtocolError` and its connection is closed; outputs and messages
+are capped here again.
+
+Failures are typed (errors.py): every call raises a subclass of `ToolError`, chosen by the failure
+response's `error` code through one table (`ERROR_CLASSES`), or by the client itself (`SandboxGone`,
+`ToolTimeout`, `ClientClosed`, `ProtocolError`: the `SandboxFailure`s). Catch the class, not the string.
 """
 
 from __future__ import annotations
@@ -18,10 +22,20 @@ import itertools
 import json
 import socket
 import threading
+import warnings
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from prorl_server.tools.errors import (
+    ClientClosed,
+    EditRefused,
+    ProtocolError,
+    SandboxGone,
+    ToolError,
+    ToolTimeout,
+    tool_error,
+)
 from prorl_server.tools.protocol import DEFAULT_MAX_OUTPUT
 from prorl_server.tools.responses import (
     FAILURE_ONLY,
@@ -44,19 +58,20 @@ REQUEST_TIMEOUT_S = 120.0  # deadline of the other actions (large uploads and do
 MAX_IDLE_SOCKETS = 4
 RECV_SIZE = 1 << 18
 
+__all__ = ["CommandObservation", "EditObservation", "IPythonObservation", "ToolClient", "ToolError"]
 
-CLIENT_ERRORS = frozenset({"SandboxGone", "Timeout", "ClientClosed", "ProtocolError"})  # the sandbox, not the action
 
-
-class ToolError(Exception):
-    """An action that failed: `error` is the server's exception class name (or a client-side kind:
-    SandboxGone, Timeout, ClientClosed, ProtocolError), `message` says what happened."""
-
-    def __init__(self, error: str, message: str, traceback: str | None = None) -> None:
-        super().__init__(f"{error}: {message}")
-        self.error = error
-        self.message = message
-        self.traceback = traceback
+def __getattr__(name: str) -> Any:
+    """`CLIENT_ERRORS` (the codes of the sandbox's failures): deprecated, catch `SandboxFailure` instead."""
+    if name == "CLIENT_ERRORS":
+        warnings.warn(
+            "prorl_server.tools.client.CLIENT_ERRORS is deprecated and will be removed in the next release; "
+            "catch prorl_server.tools.errors.SandboxFailure instead of comparing error codes",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return frozenset({"SandboxGone", "Timeout", "ClientClosed", "ProtocolError"})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CommandObservation(BaseModel):
@@ -94,22 +109,21 @@ class ToolClient:
         self._closed = False
 
     async def ping(self) -> int:
-        """The server's PID; raises ToolError("SandboxGone") when nothing answers on the socket."""
+        """The server's PID; raises SandboxGone when nothing answers on the socket."""
         return (await self.request("ping")).pid
 
     async def wait_ready(self, timeout: float = 30.0, poll_s: float = 0.005) -> int:
-        """Ping until the server answers (returns its PID) or `timeout` passes (ToolError("Timeout"))."""
+        """Ping until the server answers (returns its PID) or `timeout` passes (ToolTimeout)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             try:
                 return await self.ping()
-            except ToolError as exc:
-                if exc.error != "SandboxGone":
-                    raise
+            except ClientClosed:
+                raise
+            except SandboxGone as exc:
                 if loop.time() > deadline:
-                    raise ToolError(
-                        "Timeout",
+                    raise ToolTimeout(
                         f"no execution server answered on {self.socket_path} "
                         f"within {timeout:g}s (last error: {exc.message})",
                     ) from None
@@ -137,14 +151,13 @@ class ToolClient:
         """An editor command (view, create, str_replace, insert, undo_edit); a refused edit is data."""
         try:
             response = await self.request("edit", command=command, path=path, **args)
-        except ToolError as exc:
-            if exc.error == "EditError":  # its message is already capped to max_output (message_chars)
-                return EditObservation(output=exc.message, success=False)
-            raise
+        except EditRefused as exc:  # its message is already capped to max_output (message_chars)
+            return EditObservation(output=exc.message, success=False)
         return EditObservation(output=cap(response.output, max_output_of(args))[0])
 
     async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> str:
-        """A text file's content; `offset` and `limit` select lines (0-based)."""
+        """A text file's content; `offset` and `limit` select lines (0-based). FileMissing when it does not
+        exist, IsADirectory for a directory."""
         return (await self.request("read_file", path=path, offset=offset, limit=limit)).content
 
     async def write_file(self, path: str, content: str) -> int:
@@ -162,22 +175,20 @@ class ToolClient:
         try:
             return base64.b64decode(encoded, validate=True)
         except ValueError as exc:  # binascii.Error, or a non-ASCII character
-            raise ToolError(
-                "ProtocolError", f"download of {path} from {self.socket_path}: not base64 ({exc})"
-            ) from None
+            raise ProtocolError(f"download of {path} from {self.socket_path}: not base64 ({exc})") from None
 
     async def shutdown(self) -> None:
-        """Ask the server to stop (it kills its shell and kernel); a server already gone is fine."""
+        """Ask the server to stop (it kills its shell and kernel); a server already gone (or a client already
+        closed) is fine."""
         try:
             await self.request("shutdown")
-        except ToolError as exc:
-            if exc.error != "SandboxGone":
-                raise
+        except SandboxGone:
+            pass
         finally:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the idle sockets; later calls raise ToolError("ClientClosed")."""
+        """Close the idle sockets; later calls raise ClientClosed."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
@@ -185,8 +196,9 @@ class ToolClient:
             sock.close()
 
     async def request(self, action: str, deadline_s: float | None = None, **args: Any) -> Any:
-        """Send one request and return its response, validated (a model of responses.py); raises ToolError
-        unless it is `ok`, ToolError("ProtocolError") when the response breaks the protocol."""
+        """Send one request and return its response, validated (a model of responses.py); unless it is `ok`
+        raises the `ToolError` subclass of its `error` code (`tool_error`), ProtocolError when the response
+        breaks the protocol, ToolTimeout past `deadline_s`, SandboxGone when the server is not there."""
         request_id = next(self._ids)
         payload = json.dumps({"id": request_id, "action": action, **args}, separators=(",", ":")).encode() + b"\n"
         deadline_s = self.request_timeout if deadline_s is None else deadline_s
@@ -200,8 +212,7 @@ class ToolClient:
         except TimeoutError:
             if sock is not None:
                 sock.close()
-            raise ToolError(
-                "Timeout",
+            raise ToolTimeout(
                 f"no response to {action} from {self.socket_path} within {deadline_s:g}s; the "
                 "execution server is hung or overloaded",
             ) from None
@@ -212,23 +223,21 @@ class ToolClient:
         self._give_back(sock)
         if isinstance(response, FailureResponse):
             traceback = None if response.traceback is None else cap(response.traceback, MAX_TRACEBACK_CHARS)[0]
-            raise ToolError(response.error, cap(response.message, message_chars(action, args))[0], traceback)
+            raise tool_error(response.error, cap(response.message, message_chars(action, args))[0], traceback)
         return response
 
     def _parse(self, action: str, request_id: int, line: bytearray) -> ActionResponse | FailureResponse:
-        """The response line as the action's model; ToolError("ProtocolError") for anything else."""
+        """The response line as the action's model; ProtocolError for anything else."""
         try:
             response = RESPONSES.get(action, FAILURE_ONLY).validate_json(line)
         except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
             reason = describe(exc) if isinstance(exc, ValidationError) else type(exc).__name__
-            raise ToolError(
-                "ProtocolError",
+            raise ProtocolError(
                 f"the execution server at {self.socket_path} answered {action} with a response that breaks "
                 f"the protocol ({reason}); the connection was closed",
             ) from None
         if response.id != request_id:
-            raise ToolError(
-                "ProtocolError",
+            raise ProtocolError(
                 f"the execution server at {self.socket_path} answered request {request_id} ({action}) with "
                 f"the id {response.id}; the connection was closed",
             )
@@ -237,7 +246,7 @@ class ToolClient:
     async def _borrow(self) -> socket.socket:
         with self._lock:
             if self._closed:
-                raise ToolError("ClientClosed", f"the client of {self.socket_path} was closed")
+                raise ClientClosed(f"the client of {self.socket_path} was closed")
             if self._idle:
                 return self._idle.pop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -246,8 +255,7 @@ class ToolClient:
             await asyncio.get_running_loop().sock_connect(sock, self.socket_path)
         except OSError as exc:
             sock.close()
-            raise ToolError(
-                "SandboxGone",
+            raise SandboxGone(
                 f"cannot connect to the execution server at {self.socket_path} ({exc}); the "
                 "sandbox was closed, crashed, or has not started yet",
             ) from None
@@ -272,8 +280,7 @@ class ToolClient:
                     raise ConnectionResetError("connection closed by the server")
                 buffer += chunk
                 if len(buffer) > limit:
-                    raise ToolError(
-                        "ProtocolError",
+                    raise ProtocolError(
                         f"the execution server at {self.socket_path} sent more than {limit} bytes in answer to "
                         f"{action}, more than the request allows (its outputs are capped); the connection was "
                         "closed",
@@ -281,8 +288,7 @@ class ToolClient:
                 if chunk.endswith(b"\n"):
                     return buffer
         except OSError as exc:
-            raise ToolError(
-                "SandboxGone",
+            raise SandboxGone(
                 f"the execution server at {self.socket_path} went away mid-request ({exc}); "
                 "the sandbox was closed or crashed",
             ) from None

@@ -6,7 +6,9 @@ requests in sequence, answered in order (for calls in parallel, open more connec
 carries the action's observation fields; otherwise `error` (an exception class name) and `message`, plus
 `traceback` when the server itself failed unexpectedly. Error names: `BadRequest` (not JSON, unknown action
 or argument, wrong type), `EditError`, `FileTooLarge`, `IPythonUnavailable`, and OSError subclasses of the
-file actions (`FileNotFoundError`, `IsADirectoryError`, `PermissionError`, ...).
+file actions (`FileNotFoundError`, `IsADirectoryError`, `PermissionError`, ...); any other name is an
+unexpected exception of the server (with `traceback`). The host's client raises one exception class per
+name (the table `ERROR_CLASSES` of errors.py), never a string to compare.
 
 Every command-like observation (bash, ipython) has: `output` (str), `exit_code` (int | None),
 `timed_out` (bool), `truncated` (bool), `duration_s` (float). `output` is capped at `max_output`

@@ -18,14 +18,13 @@ from prorl_handlers.code.judge import judge
 from prorl_handlers.instances import parse_instance
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
-from prorl_server.tools.client import ToolError
+from prorl_server.tools.errors import FileMissing, IsADirectory
 
 INSTRUCTIONS = (
     "Solve the programming problem with a Python 3 program that reads the input from stdin and writes the "
     "answer to stdout. Write it with the `str_replace_editor` tool (or bash), run it on the example with bash, "
     "fix it until it is right, then call `submit`. It is judged on hidden tests with time and memory limits."
 )
-MISSING = {"FileNotFoundError", "IsADirectoryError", "NotADirectoryError"}
 
 
 class HiddenTest(BaseModel):
@@ -69,9 +68,7 @@ class CodeHandler(AgentHandler):
         await self.loop.run(ctx, task.prompt())
         try:
             ctx.artifacts["solution"] = await ctx.sandbox.read_file(task.solution_path)
-        except ToolError as exc:
-            if exc.error not in MISSING:
-                raise
+        except (FileMissing, IsADirectory):  # no program written: it is judged as empty
             ctx.artifacts["solution"] = ""
 
     async def eval(self, ctx: JobContext) -> dict[str, Any]:
