@@ -8,8 +8,9 @@ when it ends (also on Ctrl-C, SIGTERM or an error):
 2. `prorl-server serve` with the example Countdown handler loaded from its file
    (examples/custom_handler/src/prorl_example_handlers/countdown.py).
 
-The double hands its replies to whichever request comes next, so the server runs with one INIT and one RUN
-worker here: jobs then take their replies in submission order and the outcome is the same on every run.
+Each job gets its own script (`POST /script {"job": job_id, "replies": [...]}`): prorl-server names the job in
+every completion request, so a job receives its own replies however the server's workers interleave the jobs,
+and the outcome is the same on every run.
 """
 
 from __future__ import annotations
@@ -56,20 +57,25 @@ def run_demo(stack: LocalStack) -> int:
                                       "--delay", "0.05"], f"{double}/health")  # fmt: skip
     print(f"[2/4] starting prorl-server with handler countdown={HANDLER_FILE.name}:CountdownHandler")
     server = stack.server("--llm-server", f"{double}/v1", "--handler", f"countdown={HANDLER_FILE}:CountdownHandler",
-                          "--no-entry-points", "--init-workers", "1", "--run-workers", "1", "--log-level", "warning")  # fmt: skip
+                          "--no-entry-points", "--log-level", "warning")  # fmt: skip
 
     jobs: dict[str, tuple[int, str]] = {}  # job_id -> (puzzle index, plan)
-    script: list[dict[str, str]] = []
+    scripts: dict[str, list[dict[str, str]]] = {}  # job_id -> the replies of its turns, in order
     for p, puzzle in enumerate(PUZZLES):
         for s, plan in enumerate(PLANS[p]):
             assert len(plan) <= MAX_TURNS and ("S" not in plan or plan.index("S") == len(plan) - 1)
             assert len(plan) == MAX_TURNS or plan.endswith("S"), "a plan must use every turn it is given"
             jobs[f"puzzle{p}-sample{s}"] = (p, plan)
-            script += [{"text": reply_text(puzzle, move)} for move in plan]
+            scripts[f"puzzle{p}-sample{s}"] = [{"text": reply_text(puzzle, move)} for move in plan]
     # loopback only: ignore proxy settings; send $PRORL_API_KEY when set (the server inherits it)
     with httpx.Client(timeout=30.0, trust_env=False, headers=auth_headers()) as http:
-        http.post(f"{double}/script", json=script).raise_for_status()
-        print(f"[3/4] queued {len(script)} scripted replies; submitting {len(jobs)} jobs (4 puzzles x 4 samples)")
+        for job_id, replies in scripts.items():  # before the job is submitted: its first turn finds them
+            queued = http.post(f"{double}/script", json={"job": job_id, "replies": replies}).raise_for_status()
+            if queued.json()["queued"] != len(replies):
+                raise RuntimeError(f"the double already held replies for {job_id}: {queued.json()}")
+        total = sum(len(r) for r in scripts.values())
+        print(f"[3/4] queued {total} scripted replies, each job its own; submitting {len(jobs)} jobs "
+              "(4 puzzles x 4 samples)")  # fmt: skip
         for job_id, (p, _) in jobs.items():
             instance = {"data_source": "countdown", "numbers": PUZZLES[p]["numbers"], "target": PUZZLES[p]["target"]}
             body = {"job_id": job_id, "instance": instance, "timeout": 60,
@@ -112,6 +118,9 @@ def run_demo(stack: LocalStack) -> int:
     unfinished = [j for j in jobs if results.get(j, {}).get("status") not in TERMINAL]
     if unfinished:
         print(f"ERROR: {len(unfinished)} job(s) did not reach a terminal status: {unfinished}")
+        return 1
+    if mismatched:
+        print(f"ERROR: {len(mismatched)} reward(s) differ from the script's plan")
         return 1
     return 0
 

@@ -51,6 +51,22 @@ class ServerSettings(BaseModel):
         default_factory=list,
         description="vLLM OpenAI-compatible base URLs registered at start (repeatable), e.g. http://h:8000/v1.",
     )
+    judge_servers: list[str] = Field(
+        default_factory=list,
+        description="OpenAI-compatible chat base URLs of the LLM judge EVAL reaches as ctx.judge (repeatable), "
+        "e.g. http://h:8001/v1; kept apart from the policy's backends. Its API key comes from $PRORL_JUDGE_API_KEY.",
+    )
+    judge_model: str | None = Field(
+        default=None,
+        description="Model name of the judge's requests (default: the one model each judge server lists at /models).",
+    )
+    judge_timeout_s: float = Field(default=120.0, gt=0, description="Seconds one judge request may take.")
+    judge_retry_budget_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds one judge call keeps retrying, with backoff, on the next judge server after a "
+        "connection error, 5xx or timeout.",
+    )
     handlers: list[str] = Field(
         default_factory=list,
         description="Extra handlers, [name=]module:Class or path/to/file.py:Class (repeatable).",

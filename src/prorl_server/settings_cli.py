@@ -41,6 +41,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "llm_breaker_cooldown_s",
         "llm_stall_timeout_s",
     ),
+    "LLM judge": ("judge_servers", "judge_model", "judge_timeout_s", "judge_retry_budget_s"),
     "staleness": ("max_staleness", "stale_policy"),
 }
 """Sections of `serve --help`; every ServerSettings field is in exactly one."""
@@ -48,6 +49,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 ALIASES: dict[str, tuple[str, ...]] = {
     "sandbox_image": ("--image",),
     "llm_servers": ("--llm-server",),
+    "judge_servers": ("--judge-server",),
     "handlers": ("--handler",),
     "entry_point_handlers": ("--entry-points",),  # and so --no-entry-points
     "default_timeout_s": ("--timeout",),
@@ -64,6 +66,8 @@ METAVARS: dict[str, str] = {
     "max_body_bytes": "BYTES",
     "sandbox_image": "IMAGE",
     "llm_servers": "URL",
+    "judge_servers": "URL",
+    "judge_model": "MODEL",
     "handlers": "[NAME=]MODULE:CLASS",
 }
 

@@ -208,8 +208,9 @@ async def test_sandbox_processes_never_run_as_host_root(isolated):
 
 @pytest.fixture
 def listeners() -> Iterator[list[int]]:
-    """Three TCP listeners on the host's 127.0.0.1 (an API, a backend, anything else); yields their ports."""
-    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+    """Four TCP listeners on the host's 127.0.0.1 (an API, a backend, anything else, an LLM judge); yields
+    their ports."""
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
     stop = threading.Event()
 
     def accept(server: socket.socket) -> None:
@@ -252,16 +253,21 @@ needs_landlock = pytest.mark.skipif(
 @needs_landlock
 @pytest.mark.parametrize("network", ["host", "loopback"])
 async def test_host_network_sandbox_cannot_reach_the_api_or_the_backends(isolated, listeners, network):
-    api, backend, other = listeners
-    isolated.runtime.network_guard = NetworkGuard(api_ports=[api], backend_ports=lambda: [backend])
+    api, backend, other, judge = listeners
+    guard = NetworkGuard(api_ports=[api], backend_ports=lambda: [backend], judge_ports=[judge, 443])
+    isolated.runtime.network_guard = guard
+    assert 443 not in guard.judge_ports  # a hosted judge on the web's port: denying it would deny the web
     guarded = await isolated.start(network=network)
-    out = await guarded.bash(f"python3 - <<'PROBE'\n{CONNECT.format(ports=[api, backend, other])}\nPROBE")
+    out = await guarded.bash(f"python3 - <<'PROBE'\n{CONNECT.format(ports=[api, backend, other, judge])}\nPROBE")
     lines = dict(line.split(" ", 1) for line in out.output.splitlines() if line[:1].isdigit())
     assert lines[str(api)].startswith("REFUSED 13") and lines[str(backend)].startswith("REFUSED 13"), out.output
+    assert lines[str(judge)].startswith("REFUSED 13"), out.output
     assert lines[str(other)] == "CONNECTED", out.output
     allowed = await isolated.start(network=network, allow_api=True, allow_llm_backends=True)
-    out = await allowed.bash(f"python3 - <<'PROBE'\n{CONNECT.format(ports=[api, backend])}\nPROBE")
-    assert out.output.count("CONNECTED") == 2, out.output
+    out = await allowed.bash(f"python3 - <<'PROBE'\n{CONNECT.format(ports=[api, backend, judge])}\nPROBE")
+    lines = dict(line.split(" ", 1) for line in out.output.splitlines() if line[:1].isdigit())
+    assert lines[str(api)] == "CONNECTED" and lines[str(backend)] == "CONNECTED", out.output
+    assert lines[str(judge)].startswith("REFUSED 13"), out.output  # the judge stays out of the policy's reach
 
 
 @needs_landlock

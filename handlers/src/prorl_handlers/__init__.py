@@ -1,1 +1,2 @@
-"""prorl-server's first-party handlers: `math`, `swe`, `code` and `short_answer` (see each subpackage's docstring)."""
+"""prorl-server's first-party handlers: `math`, `swe`, `code`, `short_answer` and `judged_answer` (see each
+subpackage's docstring)."""

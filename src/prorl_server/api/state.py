@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ from fastapi import Request
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
+from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
@@ -100,7 +102,9 @@ class ServerState:
             settings,
             registry,
             backends,
-            Orchestrator(settings, registry, backends, build_sandboxes(settings, backends)),
+            Orchestrator(
+                settings, registry, backends, build_sandboxes(settings, backends), judge=build_judge(settings)
+            ),
         )
         state.orchestrator.results.on_put = state.signal.notify
         return state
@@ -127,17 +131,34 @@ class ServerState:
             self.health.submit(self.backends.check_health())
 
 
+def build_judge(settings: ServerSettings) -> JudgePool | None:
+    """The LLM judge of `--judge-server` (None without one); its API key is read from $PRORL_JUDGE_API_KEY."""
+    if not settings.judge_servers:
+        return None
+    return JudgePool(
+        settings.judge_servers,
+        model=settings.judge_model,
+        timeout_s=settings.judge_timeout_s,
+        retry=RetryPolicy(budget_s=settings.judge_retry_budget_s),
+        api_key=os.environ.get(JUDGE_API_KEY_ENV) or None,
+    )
+
+
 def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxManager:
     """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured.
 
-    Sandboxes that share the host network may not connect to this server's port or the backends' ports."""
+    Sandboxes that share the host network may not connect to this server's port, the backends' ports or the
+    LLM judge's (network_guard.py)."""
     owner = new_owner_id()
     exclude = ("apptainer",) if settings.sandbox_image is None else ()
 
     def backend_ports() -> set[int]:
         return {port for b in backends.backends() if (port := url_port(b.address)) is not None}
 
-    guard = NetworkGuard(api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports)
+    judge_ports = [port for address in settings.judge_servers if (port := url_port(address)) is not None]
+    guard = NetworkGuard(
+        api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports, judge_ports=judge_ports
+    )
     runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard)
     return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image))
 

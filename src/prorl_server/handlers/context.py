@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prorl_server.llm import LLMSession
+from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
 from prorl_server.protocol import Trajectory
 from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
@@ -37,6 +38,7 @@ class JobContext:
     - `sampling_params`: what goes to vLLM (already in `llm`'s defaults).
     - `agent_config`: agent settings such as `max_turns`.
     - `llm`: the job's token-in/token-out session; it fills `trajectory`.
+    - `judge`: the LLM judge, in EVAL only (a separate pool; its tokens never enter `trajectory`).
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
     """
@@ -52,6 +54,7 @@ class JobContext:
     stage: str = "queued"
     sandbox: Sandbox | None = None
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
+    _judge: JudgePool | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _finished: bool = field(default=False, repr=False)
@@ -63,6 +66,18 @@ class JobContext:
     def data_source(self) -> str:
         """The instance's `data_source` (the handler's name)."""
         return str(self.instance["data_source"])
+
+    @property
+    def judge(self) -> JudgePool:
+        """The server's LLM judge (`--judge-server`), for scoring: in EVAL only, else JudgeUnavailable."""
+        if self._judge is None:
+            raise JudgeUnavailable(f"this server has no LLM judge: {HOW_TO_CONFIGURE}")
+        if self.stage != "eval":
+            raise JudgeUnavailable(
+                f"ctx.judge is for scoring, in EVAL only (this is {self.stage.upper()}); the policy's turns go "
+                "through ctx.llm"
+            )
+        return self._judge
 
     async def start_sandbox(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox for this job (the server's default spec unless given).

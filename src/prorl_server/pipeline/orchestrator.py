@@ -20,6 +20,7 @@ from prorl_server.handlers import (
 )
 from prorl_server.handlers.failure import exception_location, short_traceback
 from prorl_server.llm import BackendPool, LLMSession
+from prorl_server.llm.judge import JudgePool
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
 from prorl_server.pipeline.handler_calls import call_handler, overrides, parse_eval_outcome
@@ -53,11 +54,13 @@ class Orchestrator:
         registry: HandlerRegistry,
         backends: BackendPool,
         sandboxes: SandboxManager | None = None,
+        judge: JudgePool | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.backends = backends
         self.sandboxes = sandboxes
+        self.judge = judge  # the LLM judge EVAL reaches as ctx.judge (None: --judge-server not given)
         self.results = ResultStore(settings.result_retention_s)
         sizes = {"init": settings.init_workers, "run": settings.run_workers, "eval": settings.eval_workers}
         self.pools = {
@@ -204,6 +207,7 @@ class Orchestrator:
             llm=session,
             trajectory=trajectory,
             _sandboxes=self.sandboxes,
+            _judge=self.judge,
         )
         return Job(job_id, handler, ctx, timer, digest)
 

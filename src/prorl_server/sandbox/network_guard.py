@@ -4,8 +4,11 @@ Such a sandbox could otherwise reach the rollout server's own HTTP API and the L
 backend, other jobs' prompts). The guard knows their TCP ports (the API's from the settings, the backends'
 from the live backend pool, read at each sandbox start) and hands the runtime a Landlock ruleset that denies
 connecting to them (landlock.py); a handler that wants its sandbox to reach them says so in the spec
-(`allow_api`, `allow_llm_backends`). Ports are denied on every address: a sandbox cannot connect to port
-8000 of anything while the API listens on 8000. A backend registered after a sandbox started is not denied
+(`allow_api`, `allow_llm_backends`). The LLM judge's ports (`--judge-server`) are always denied: the policy
+must not be able to ask the judge that scores it; a judge on the web's own ports (80, 443) is left reachable,
+since denying those would cut sandboxes off from the web, and such (hosted) judges need the API key the
+sandbox never has. Ports are denied on every address: a sandbox cannot connect to port 8000 of anything while
+the API listens on 8000. A backend registered after a sandbox started is not denied
 to that sandbox. Where the kernel has no Landlock network rules (before Linux 6.7) the guard logs one loud
 warning and lets such sandboxes start unguarded.
 """
@@ -23,6 +26,9 @@ from prorl_server.sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
+WEB_PORTS = frozenset({80, 443})
+"""Judge ports never denied (see the module docstring)."""
+
 
 def url_port(address: str) -> int | None:
     """The TCP port of an http(s) URL (its scheme's default if none), None if it has none."""
@@ -36,9 +42,15 @@ def url_port(address: str) -> int | None:
 class NetworkGuard:
     """The ports sandboxes sharing the host network may not connect to, as Landlock rulesets."""
 
-    def __init__(self, api_ports: Iterable[int] = (), backend_ports: Callable[[], Iterable[int]] = tuple) -> None:
+    def __init__(
+        self,
+        api_ports: Iterable[int] = (),
+        backend_ports: Callable[[], Iterable[int]] = tuple,
+        judge_ports: Iterable[int] = (),
+    ) -> None:
         self.api_ports = frozenset(api_ports)
         self.backend_ports = backend_ports
+        self.judge_ports = frozenset(port for port in judge_ports if port not in WEB_PORTS)
         self._rulesets = landlock.RulesetCache()
         self._warned = False
         self._lock = threading.Lock()
@@ -47,7 +59,7 @@ class NetworkGuard:
         """The ports `spec`'s sandbox may not connect to (none in its own network namespace)."""
         if spec.network == "none":
             return frozenset()
-        denied = set() if spec.allow_api else set(self.api_ports)
+        denied = set(self.judge_ports) if spec.allow_api else set(self.api_ports | self.judge_ports)
         if not spec.allow_llm_backends:
             denied.update(self.backend_ports())
         return frozenset(denied)

@@ -6,8 +6,10 @@ disconnects mid-generation (as vLLM aborts the request then). Replies are queued
 contain a text or match a regex, or on a global queue; a completion nothing is queued for fails with HTTP 409
 unless the double was given a `default_reply`. `GET /script` shows the queues and the requests seen,
 `DELETE /script` empties them. Its tokenizer is a toy: ChatML specials are single ids, every other
-character is its code point + 10. Told to (`inject`), it misbehaves: hangs, fails, or answers malformed or
-oversized data (`misbehaving.py`). Run it standalone with `python -m prorl_server.testing`.
+character is its code point + 10. It also serves OpenAI's `POST /v1/chat/completions` (an LLM judge's
+protocol), answering from the same queues with the reply's text as the message. Told to (`inject`), it
+misbehaves: hangs, fails, or answers malformed or oversized data (`misbehaving.py`; faults injected for
+`completions` apply to chat completions too). Run it standalone with `python -m prorl_server.testing`.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class RequestRecord:
     prompt: list[int]
     params: dict[str, Any]
     job_id: str | None = None  # from the X-Prorl-Job-Id header prorl-server sends
+    messages: list[dict[str, Any]] | None = None  # of a chat completion (its `prompt` is their ChatML rendering)
     source: str = ""  # "job 'j'", "prompt containing 'x'", "global queue", "default reply" or "none"
     outcome: str = "running"  # running | done | aborted | faulted (see fault_log) | unscripted
     started: float = field(default_factory=time.monotonic)
@@ -354,22 +357,13 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         text = tok.decode([int(t) for t in body.get("tokens", [])])
         return await answer(Endpoint.DETOKENIZE, {"prompt": text}, request)
 
-    @app.post("/v1/completions")
-    async def completions(body: dict[str, Any], request: Request) -> Any:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompt = tok.encode(prompt)
-        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-            return error("prompt must be a string or a list of token ids")
+    async def scripted_reply(record: RequestRecord, request: Request) -> ScriptedReply | JSONResponse:
+        """Log the request, take its reply and wait its delay; an error response instead when it fails."""
         job_id = request.headers.get(JOB_ID_HEADER)
-        record = RequestRecord(
-            prompt=prompt,
-            params={k: v for k, v in body.items() if k != "prompt"},
-            job_id=unquote(job_id) if job_id is not None else None,
-        )
+        record.job_id = unquote(job_id) if job_id is not None else None
         backend.requests.append(record)
         try:
-            reply, record.source = backend.take(record.job_id, tok.decode(prompt))
+            reply, record.source = backend.take(record.job_id, tok.decode(record.prompt))
         except NoReplyQueued as exc:
             record.source, record.outcome = "none", "unscripted"
             return error(str(exc), 409)
@@ -382,6 +376,19 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         if reply.status_code != 200:
             record.outcome = "done"
             return error(f"scripted backend: scripted failure {reply.status_code} ({record.source})", reply.status_code)
+        return reply
+
+    @app.post("/v1/completions")
+    async def completions(body: dict[str, Any], request: Request) -> Any:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt = tok.encode(prompt)
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return error("prompt must be a string or a list of token ids")
+        record = RequestRecord(prompt=prompt, params={k: v for k, v in body.items() if k != "prompt"})
+        reply = await scripted_reply(record, request)
+        if not isinstance(reply, ScriptedReply):
+            return reply
         ids, logprobs, finish = backend.materialize(reply, body.get("max_tokens"))
         choice: dict[str, Any] = {
             "index": 0,
@@ -415,6 +422,45 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
             choice["prompt_token_ids"] = prompt
         answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=body.get("max_tokens"))
         record.outcome = "done" if answered is response else "faulted"  # a fault's fate is in fault_log
+        return answered
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: dict[str, Any], request: Request) -> Any:
+        messages = body.get("messages")
+        if not (isinstance(messages, list) and messages and all(_is_message(m) for m in messages)):
+            return error("messages must be a non-empty list of {'role': str, 'content': ...} objects")
+        record = RequestRecord(
+            prompt=tok.encode(tok.render(messages, add_generation_prompt=True)),
+            params={k: v for k, v in body.items() if k != "messages"},
+            messages=messages,
+        )
+        reply = await scripted_reply(record, request)
+        if not isinstance(reply, ScriptedReply):
+            return reply
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        ids, _, finish = backend.materialize(reply, max_tokens)
+        text = tok.decode([i for i in ids if i != tok.eos_id])
+        response: dict[str, Any] = {
+            "id": f"chatcmpl-{len(backend.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MODEL_NAME,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(record.prompt),
+                "completion_tokens": len(ids),
+                "total_tokens": len(record.prompt) + len(ids),
+            },
+        }
+        answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=max_tokens)
+        record.outcome = "done" if answered is response else "faulted"
         return answered
 
     @app.post("/collective_rpc")
@@ -462,11 +508,22 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
     @app.get("/requests")
     async def requests() -> list[dict[str, Any]]:
         return [
-            {"prompt": r.prompt, "params": r.params, "outcome": r.outcome, "job_id": r.job_id, "source": r.source}
+            {
+                "prompt": r.prompt,
+                "params": r.params,
+                "outcome": r.outcome,
+                "job_id": r.job_id,
+                "source": r.source,
+                **({"messages": r.messages} if r.messages is not None else {}),
+            }
             for r in backend.requests
         ]
 
     return app
+
+
+def _is_message(message: Any) -> bool:
+    return isinstance(message, dict) and isinstance(message.get("role"), str)
 
 
 def _seen(record: RequestRecord, tok: ToyChatTokenizer) -> dict[str, Any]:
