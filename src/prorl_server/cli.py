@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_arguments(serve)
     add_build_image(sub)
     add_dev_llm(sub)
+    add_sim_llm(sub)
     add_vllm(sub)
     return parser
 
@@ -39,6 +40,18 @@ def add_dev_llm(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(dev_llm)
+
+
+def add_sim_llm(sub: argparse._SubParsersAction) -> None:
+    """The `sim-llm` subcommand: a simulated backend speaking vLLM's protocol (prorl_server.simllm)."""
+    from prorl_server.simllm.cli import add_arguments
+
+    sim_llm = sub.add_parser(
+        "sim-llm",
+        help="serve a simulated LLM (synthetic tokens, modelled GPU timing) with vLLM's HTTP protocol",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(sim_llm)
 
 
 def add_vllm(sub: argparse._SubParsersAction) -> None:
@@ -157,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.devllm.cli import run_from_args
 
         run_from_args(args)
+    elif args.command == "sim-llm":
+        from prorl_server.simllm.cli import run_from_args as run_sim_llm
+
+        run_sim_llm(args)
     elif args.command == "vllm":
         from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
 

@@ -1,0 +1,107 @@
+"""Which live trajectories to move to another backend when predictions change (Heddle section 5.3).
+
+Heddle does not re-run the placement DP when a prediction is refined. It keeps the group sizes |G_i| that
+the DP chose at dispatch for n trajectories and scales them to the n' still running: backend i's capacity
+becomes |G_i| * n' / n. Ranking the live trajectories by their updated predicted remaining length (longest
+first), rank r belongs to the first backend i whose scaled cumulative capacity round(n'/n * sum_{g<=i} |G_g|)
+exceeds r; backends are numbered as in `Placement.groups` (backend 0 had the longest group). A trajectory
+whose backend differs from that target is a candidate.
+
+A candidate moves only at a tool-call boundary (while its tool runs, nothing is generating for it) and only
+when the move pays: the move's gain is how much it lowers the estimated finish time of the two backends
+involved, max(T_source, T_target) before minus after, where T_b = I(|b|) * the longest predicted remaining
+length on b; its cost is recomputing the trajectory's prefix on the new backend, `prefill_s_per_token` times
+its context length. Candidates are taken longest first (Heddle's migration scheduler favours long
+trajectories) and each accepted move updates the state the next one is judged against. Not implemented:
+KV-cache transfer between backends and the scheduler that keeps concurrent transfers off shared endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prorl_server.scheduling.profile import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTrajectory:
+    """A running trajectory: where it is, its updated predicted remaining tokens, and its context length."""
+
+    key: str
+    backend: int
+    remaining_tokens: float
+    context_tokens: int
+    at_tool_boundary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move `key` from backend `source` to `target`: saves `gain_s` seconds of makespan for `cost_s`."""
+
+    key: str
+    source: int
+    target: int
+    gain_s: float
+    cost_s: float
+
+
+def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> list[int]:
+    """Target backend of each live trajectory: its rank by remaining length in the group sizes scaled to n'."""
+    placed = sum(placed_sizes)
+    if placed < 1:
+        raise ValueError("the placement's group sizes must hold at least one trajectory")
+    live = len(remaining)
+    bounds, cumulative = [], 0
+    for size in placed_sizes:
+        cumulative += size
+        bounds.append(round(cumulative * live / placed))
+    ranked = sorted(range(live), key=lambda i: -remaining[i])
+    targets = [0] * live
+    backend = 0
+    for rank, index in enumerate(ranked):
+        while rank >= bounds[backend]:
+            backend += 1
+        targets[index] = backend
+    return targets
+
+
+def plan_migrations(
+    live: Sequence[LiveTrajectory],
+    placed_sizes: Sequence[int],
+    profile: Profile,
+    prefill_s_per_token: float,
+) -> list[Migration]:
+    """The moves worth making now, longest trajectory first (see the module docstring)."""
+    backends = len(placed_sizes)
+    if any(not 0 <= t.backend < backends for t in live):
+        raise ValueError(f"a live trajectory is on a backend outside the placement's {backends}")
+    if len({t.key for t in live}) != len(live):
+        raise ValueError("live trajectories must have distinct keys")
+    if not live:
+        return []
+    members: list[dict[str, float]] = [{} for _ in range(backends)]
+    for t in live:
+        members[t.backend][t.key] = t.remaining_tokens
+
+    def finish_s(group: dict[str, float]) -> float:
+        return profile.seconds_per_token(len(group)) * max(group.values()) if group else 0.0
+
+    targets = scaled_targets([t.remaining_tokens for t in live], placed_sizes)
+    moves: list[Migration] = []
+    for index in sorted(range(len(live)), key=lambda i: -live[i].remaining_tokens):
+        t, target = live[index], targets[index]
+        if target == t.backend or not t.at_tool_boundary:
+            continue
+        source, destination = members[t.backend], members[target]
+        before = max(finish_s(source), finish_s(destination))
+        after = max(
+            finish_s({k: v for k, v in source.items() if k != t.key}),
+            finish_s({**destination, t.key: t.remaining_tokens}),
+        )
+        cost = prefill_s_per_token * t.context_tokens
+        if before - after > cost:
+            del source[t.key]
+            destination[t.key] = t.remaining_tokens
+            moves.append(Migration(t.key, t.backend, target, before - after, cost))
+    return moves

@@ -1,0 +1,51 @@
+"""Per-token time as a function of batch size: the interference factor of Heddle section 5.2.
+
+Heddle profiles per-token time across batch sizes and derives the interference of a group from it. A
+`Profile` is built from measured (batch_size, seconds_per_token) points and interpolates linearly between
+them; below the smallest batch size it keeps the first point's time, past the largest it extends the last
+segment's slope (a single point gives a constant). `seconds_per_token(n)` is then the time a trajectory
+sharing a backend with n - 1 others spends per generated token.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Piecewise-linear per-token time over batch size, from measured points."""
+
+    batch_sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def from_points(cls, points: Iterable[tuple[float, float]]) -> Profile:
+        """A profile through (batch_size, seconds_per_token) points, in any order, batch sizes distinct."""
+        ordered = sorted(points)
+        if not ordered:
+            raise ValueError("a profile needs at least one (batch_size, seconds_per_token) point")
+        sizes = tuple(float(size) for size, _ in ordered)
+        seconds = tuple(float(s) for _, s in ordered)
+        if sizes[0] <= 0 or any(s <= 0 for s in seconds):
+            raise ValueError(f"batch sizes and seconds per token must be positive, got {ordered}")
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"a profile's batch sizes must be distinct, got {list(sizes)}")
+        return cls(sizes, seconds)
+
+    @property
+    def nondecreasing(self) -> bool:
+        """True when per-token time never falls as the batch grows (Heddle's premise; lets the DP bisect)."""
+        return all(a <= b for a, b in pairwise(self.seconds))
+
+    def seconds_per_token(self, batch_size: float) -> float:
+        """Interpolated per-token time at `batch_size` concurrent trajectories (never below 0)."""
+        sizes, seconds = self.batch_sizes, self.seconds
+        if len(sizes) == 1 or batch_size <= sizes[0]:
+            return seconds[0]
+        i = min(bisect.bisect_right(sizes, batch_size), len(sizes) - 1)
+        x0, x1, y0, y1 = sizes[i - 1], sizes[i], seconds[i - 1], seconds[i]
+        return max(0.0, y0 + (y1 - y0) * (batch_size - x0) / (x1 - x0))

@@ -1,0 +1,35 @@
+"""Settings of the simulated backend; the `sim-llm` command-line flags map onto these fields one to one."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
+
+
+class SimLLMSettings(BaseModel):
+    """What the simulator serves and how its time runs."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535, description="0: any free port (in-process servers)")
+    model_name: str = Field(default="sim-llm", description="the id in /v1/models and the accepted `model`")
+    seed: int = Field(default=0, description="seeds output lengths, token ids and logprobs")
+    time_scale: float = Field(default=1.0, gt=0, le=1e6, description="simulated seconds per wall-clock second")
+    max_num_seqs: int = Field(default=128, ge=1, le=65536, description="most requests decoding at once")
+    profile: LatencyProfile = Field(
+        default=LatencyProfile.parse(DEFAULT_PROFILE), description="seconds per decode step by batch size"
+    )
+    prefill_s_per_token: float = Field(default=1e-4, ge=0, le=10, description="prefill time per uncached token")
+    block_size: int = Field(default=16, ge=1, le=4096, description="tokens per prefix-cache block")
+    cache_blocks: int = Field(default=8192, ge=0, description="prefix-cache capacity in blocks (0: no cache)")
+    max_model_len: int = Field(default=32768, ge=16, le=10_000_000, description="context length (prompt + output)")
+    output_len_median: float = Field(default=256.0, gt=0, description="median of the lognormal output length")
+    output_len_sigma: float = Field(default=1.0, ge=0, le=10, description="sigma of the lognormal output length")
+    log_level: str = "warning"
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _parse_profile(cls, value: object) -> object:
+        return LatencyProfile.parse(value) if isinstance(value, str) else value
