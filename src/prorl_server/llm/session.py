@@ -31,6 +31,8 @@ from prorl_server.llm.errors import (
     SessionFinished,
 )
 from prorl_server.llm.response_limits import requested_tokens
+from prorl_server.llm.token_stream import TokenStream
+from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
 
@@ -95,7 +97,8 @@ class LLMSession:
     version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
     `stale` (this and every later call raises), and "continue" samples it anyway.
 
-    `pause_clock` (the job's budget timer) is held while a call waits at a weight-update pause.
+    `pause_clock` (the job's budget timer) is held while a call waits at a weight-update pause. `client`
+    sends the requests (default: the pool's). Every write to `trajectory` goes through `tokens`.
     """
 
     def __init__(
@@ -109,11 +112,14 @@ class LLMSession:
         max_staleness: int | None = None,
         stale_policy: Literal["end", "continue"] = "end",
         pause_clock: PauseClock | None = None,
+        client: VLLMClient | None = None,
     ) -> None:
         self.job_id = job_id
         self.pause_clock = pause_clock
         self.pool = pool
+        self.client = client if client is not None else pool.client
         self.trajectory = trajectory
+        self.tokens = TokenStream(trajectory)
         self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
         self.max_failovers = max_failovers
         self.max_staleness = max_staleness
@@ -128,23 +134,21 @@ class LLMSession:
     @property
     def token_ids(self) -> list[int]:
         """The whole context so far: prompt ids followed by response ids."""
-        return self.trajectory.prompt_ids + self.trajectory.response_ids
+        return self.tokens.token_ids
 
     async def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Set the prompt: the chat template of `messages` with the generation prompt; returns its ids."""
-        if self.trajectory.prompt_ids or self.trajectory.response_ids:
+        if self.tokens.started:
             raise RuntimeError("LLMSession.start() was already called for this job")
         ids = await self._with_backend(lambda b: self._tokenize_messages(b, messages, True, tools))
-        self.trajectory.prompt_ids = ids
-        self.trajectory.messages.extend(messages)
+        self.tokens.set_prompt(ids, messages)
         return ids
 
     async def start_from_ids(self, prompt_ids: list[int], messages: list[dict[str, Any]] | None = None) -> None:
         """Set the prompt from token ids the caller already has (kept for the record: `messages`)."""
-        if self.trajectory.prompt_ids or self.trajectory.response_ids:
+        if self.tokens.started:
             raise RuntimeError("LLMSession.start() was already called for this job")
-        self.trajectory.prompt_ids = list(prompt_ids)
-        self.trajectory.messages.extend(messages or [])
+        self.tokens.set_prompt(prompt_ids, messages or [])
 
     async def generate(self, **sampling_overrides: Any) -> TurnRecord:
         """Sample one assistant turn from the current context and append it (mask 1)."""
@@ -162,7 +166,7 @@ class LLMSession:
             self._check_staleness(version)
             max_new = requested_tokens(params, len(prompt), backend.max_model_len)
             started = time.monotonic()
-            completion = await self.pool.client.complete(
+            completion = await self.client.complete(
                 backend.address,
                 backend.model,
                 prompt,
@@ -185,12 +189,9 @@ class LLMSession:
             logprobs=completion.logprobs,
             text=completion.text,
         )
-        traj = self.trajectory
-        traj.response_ids.extend(completion.output_ids)
-        traj.response_mask.extend([1] * len(completion.output_ids))
-        traj.response_logprobs.extend(completion.logprobs)
-        traj.turns.append(turn)
-        traj.messages.append({"role": "assistant", "content": completion.text})
+        self.tokens.append_sampled(
+            completion.output_ids, completion.logprobs, turn, {"role": "assistant", "content": completion.text}
+        )
         self._turn_open = True
         return turn
 
@@ -211,16 +212,9 @@ class LLMSession:
             )
         last_output = self.trajectory.turns[-1].output_ids
         delta = missing_turn_close(last_output, shape.turn_close) + full[len(shape.base_ids) :]
-        self._append_observation(delta)
-        self.trajectory.messages.extend(messages)
+        self.tokens.append_observation(delta, messages)
         self._turn_open = False
         return delta
-
-    def _append_observation(self, ids: list[int]) -> None:
-        traj = self.trajectory
-        traj.response_ids.extend(ids)
-        traj.response_mask.extend([0] * len(ids))
-        traj.response_logprobs.extend([0.0] * len(ids))
 
     async def context_limit(self) -> int | None:
         """The pinned backend's context length (`max_model_len` of `/v1/models`), None if it does not say."""
@@ -233,7 +227,7 @@ class LLMSession:
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
         return await self._with_backend(
-            lambda b: self.pool.client.tokenize_text(
+            lambda b: self.client.tokenize_text(
                 b.address, b.model, text, vocab_size=b.vocab_size, timeout_s=self.pool.short_call_timeout
             )
         )
@@ -241,7 +235,7 @@ class LLMSession:
     async def detokenize(self, ids: list[int]) -> str:
         """Text of token ids, from the pinned backend's tokenizer."""
         return await self._with_backend(
-            lambda b: self.pool.client.detokenize(b.address, b.model, ids, timeout_s=self.pool.short_call_timeout)
+            lambda b: self.client.detokenize(b.address, b.model, ids, timeout_s=self.pool.short_call_timeout)
         )
 
     def close(self) -> None:
@@ -306,7 +300,7 @@ class LLMSession:
         tools: list[dict[str, Any]] | None = None,
     ) -> Awaitable[list[int]]:
         """The backend's chat template of `messages`, as ids checked against its vocabulary."""
-        return self.pool.client.tokenize_messages(
+        return self.client.tokenize_messages(
             backend.address,
             backend.model,
             messages,

@@ -1,4 +1,4 @@
-"""Calling handler methods that may be async or sync, and reading what EVAL returned."""
+"""Handler methods, looked up once per handler; calling them (async or sync); reading what EVAL returned."""
 
 from __future__ import annotations
 
@@ -7,27 +7,89 @@ import concurrent.futures
 import functools
 import inspect
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_server.handlers import AgentHandler
+from prorl_server.pipeline.stages import Stage
 
 
-def overrides(handler: AgentHandler, method: str) -> bool:
-    """True when the handler's class replaces AgentHandler's default `method`."""
-    return getattr(type(handler), method) is not getattr(AgentHandler, method)
+@dataclass(frozen=True)
+class HandlerMethod:
+    """One method of a handler object, looked up once.
+
+    `overridden`: the handler's class replaces AgentHandler's default. A default runs inline (they are
+    cheap and synchronous); otherwise an `async def` is awaited and a plain one runs on the executor.
+    """
+
+    fn: Callable[..., Any]
+    is_async: bool
+    overridden: bool
+
+    @classmethod
+    def of(cls, handler: AgentHandler, name: str) -> HandlerMethod:
+        """Look up `handler.<name>`."""
+        fn = getattr(handler, name)
+        overridden = getattr(type(handler), name) is not getattr(AgentHandler, name)
+        return cls(fn, inspect.iscoroutinefunction(fn), overridden)
+
+    async def call(self, *args: Any, executor: concurrent.futures.Executor | None) -> Any:
+        """Call the method with `args` (see the class docstring for where it runs)."""
+        if not self.overridden:
+            return self.fn(*args)
+        if self.is_async:
+            return await self.fn(*args)
+        loop = asyncio.get_running_loop()
+        outcome = await loop.run_in_executor(executor, functools.partial(self.fn, *args))
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        return outcome
 
 
-async def call_handler(fn: Callable[..., Any], *args: Any, executor: concurrent.futures.Executor | None) -> Any:
-    """Await `fn(*args)` if it is async; otherwise run it on `executor` (and await what it returns
-    if that is awaitable)."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    loop = asyncio.get_running_loop()
-    outcome = await loop.run_in_executor(executor, functools.partial(fn, *args))
-    if inspect.isawaitable(outcome):
-        outcome = await outcome
-    return outcome
+@dataclass(frozen=True)
+class HandlerMethods:
+    """A handler's stage methods, exception hooks and `final_result`, resolved once (see `resolve`)."""
+
+    handler: AgentHandler
+    stages: Mapping[Stage, HandlerMethod]
+    exception_hooks: Mapping[Stage, HandlerMethod]
+    final_result: HandlerMethod
+
+    @classmethod
+    def resolve(cls, handler: AgentHandler) -> HandlerMethods:
+        """Look up every method the pipeline calls on `handler`."""
+        return cls(
+            handler=handler,
+            stages={stage: HandlerMethod.of(handler, stage.value) for stage in Stage},
+            exception_hooks={stage: HandlerMethod.of(handler, stage.exception_hook) for stage in Stage},
+            final_result=HandlerMethod.of(handler, "final_result"),
+        )
+
+    def stage(self, stage: Stage) -> HandlerMethod:
+        """The handler's method for `stage` (`init`, `run` or `eval`)."""
+        return self.stages[stage]
+
+    def exception_hook(self, stage: Stage) -> HandlerMethod:
+        """The handler's hook for an exception raised in `stage` (`init_exception`, ...)."""
+        return self.exception_hooks[stage]
+
+
+class HandlerMethodCache:
+    """The HandlerMethods of each handler object, resolved the first time the object is seen."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, HandlerMethods] = {}  # each entry keeps its handler alive: ids stay unique
+        self._lock = threading.Lock()
+
+    def get(self, handler: AgentHandler) -> HandlerMethods:
+        """`handler`'s methods (resolved now if this is the first time)."""
+        with self._lock:
+            methods = self._by_id.get(id(handler))
+            if methods is None or methods.handler is not handler:
+                methods = self._by_id[id(handler)] = HandlerMethods.resolve(handler)
+            return methods
 
 
 def parse_eval_outcome(value: Any) -> tuple[float, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Job: one task instance on its way through INIT, RUN and EVAL."""
+"""Job: one task instance on its way through INIT, RUN and EVAL, and its lifecycle."""
 
 from __future__ import annotations
 
@@ -6,60 +6,100 @@ import asyncio
 import threading
 from typing import Any
 
-from prorl_server.handlers import AgentHandler, JobContext
+from prorl_server.handlers import JobContext
+from prorl_server.pipeline.handler_calls import HandlerMethods
+from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.timer import PausableTimer
-from prorl_server.protocol import JobResult, JobStatus
+from prorl_server.protocol import TERMINAL_STATUSES, JobResult, JobStatus
 
-STAGES = ("init", "run", "eval")
+__all__ = ["STAGES", "Job"]
+
+_IN_STAGE = frozenset(JobStatus(stage) for stage in Stage)
+_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: _IN_STAGE | TERMINAL_STATUSES,  # enter_stage (the stage it is queued for), finish
+    **{status: frozenset({JobStatus.QUEUED}) | TERMINAL_STATUSES for status in _IN_STAGE},  # queue_for, finish
+    **{status: frozenset() for status in TERMINAL_STATUSES},
+}
+"""The job's lifecycle: which `status` may follow which. Once a result is decided nothing follows; the
+status is then the result's (a handler's `final_result` has the last word on it)."""
 
 
 class Job:
     """Mutable job state, shared between the API thread and the stage threads.
 
-    `finish()` decides the terminal result exactly once (first caller wins) and wakes every waiter.
+    Its lifecycle is `status`, changed only by these transitions (under the job's lock, see `_TRANSITIONS`):
+
+        QUEUED for a stage --enter_stage--> that stage (INIT, RUN or EVAL): its task runs
+        in a stage         --queue_for----> QUEUED for the next stage
+        QUEUED or in stage --finish-------> terminal (COMPLETED, FAILED, ...): the result is decided
+
+    `finish()` decides the terminal result exactly once (first caller wins) and wakes every waiter. Apart
+    from that, the job's final release (its resources freed once it has ended) is claimed exactly once
+    (`claim_final_release`).
     """
 
     def __init__(
-        self, job_id: str, handler: AgentHandler, ctx: JobContext, timer: PausableTimer, request_digest: str = ""
+        self,
+        job_id: str,
+        methods: HandlerMethods,
+        ctx: JobContext,
+        timer: PausableTimer,
+        request_digest: str = "",
+        first_stage: Stage = Stage.INIT,
     ) -> None:
         self.id = job_id
         self.request_digest = request_digest  # what was asked, to recognise the same request sent again
-        self.handler = handler
+        self.methods = methods
+        self.handler = methods.handler
         self.ctx = ctx
         self.timer = timer
         self.status = JobStatus.QUEUED
-        self.next_stage = "init"
+        self.next_stage = first_stage
         self.result: JobResult | None = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[JobResult]]] = []
         self._task: asyncio.Task[Any] | None = None
         self._task_loop: asyncio.AbstractEventLoop | None = None
         self._holds_ready_permit = False
+        self._final_release_claimed = False
 
     @property
     def terminal(self) -> bool:
         """True once a result has been decided."""
         return self.result is not None
 
-    def attach(self, stage: str, task: asyncio.Task[Any]) -> bool:
-        """Record the running stage task; False if the job ended meanwhile (the caller drops it)."""
+    def _move_locked(self, status: JobStatus) -> None:
+        """Take a transition of the lifecycle (before the result is decided); an illegal one is a bug."""
+        if status not in _TRANSITIONS[self.status]:
+            raise RuntimeError(f"job {self.id}: no transition from {self.status.value} to {status.value}")
+        self.status = status
+
+    def enter_stage(self, task: asyncio.Task[Any]) -> bool:
+        """QUEUED -> the stage it was queued for, running `task`; False if the job ended meanwhile (the
+        caller drops the task)."""
         with self._lock:
             if self.result is not None:
                 return False
+            self._move_locked(JobStatus(self.next_stage))
             self._task = task
             self._task_loop = task.get_loop()
-            self.status = JobStatus(stage)
-            self.ctx.stage = stage
+            self.ctx.stage = self.next_stage
             return True
 
-    def detach(self, next_stage: str | None = None) -> None:
-        """Forget the stage task; with `next_stage`, the job is now queued for it (unless terminal)."""
+    def leave_stage(self) -> None:
+        """Forget the stage task once it is over (the job stays in its stage until its next transition)."""
         with self._lock:
             self._task = None
             self._task_loop = None
-            if self.result is None and next_stage is not None:
-                self.status = JobStatus.QUEUED
-                self.next_stage = next_stage
+
+    def queue_for(self, stage: Stage) -> bool:
+        """In a stage -> QUEUED for `stage`; False if the job ended meanwhile."""
+        with self._lock:
+            if self.result is not None:
+                return False
+            self._move_locked(JobStatus.QUEUED)
+            self.next_stage = stage
+            return True
 
     def hold_ready_permit(self) -> bool:
         """Record that the job holds a ready-for-RUN permit; False if it ended meanwhile (give it back)."""
@@ -76,16 +116,22 @@ class Job:
             return held
 
     def finish(self, result: JobResult) -> bool:
-        """Set the terminal result if none is set yet; wake waiters. Returns whether this call won."""
+        """-> terminal: set the result if none is set yet; wake waiters. Returns whether this call won."""
         with self._lock:
             if self.result is not None:
                 return False
-            self.result = result
             self.status = result.status
+            self.result = result
             waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future, result)
         return True
+
+    def claim_final_release(self) -> bool:
+        """True for the first caller only: it releases the ended job's resources, later callers skip."""
+        with self._lock:
+            claimed, self._final_release_claimed = self._final_release_claimed, True
+            return not claimed
 
     def interrupt(self) -> bool:
         """Cancel the running stage task from any thread; False when no stage is running."""

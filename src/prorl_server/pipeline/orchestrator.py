@@ -1,4 +1,11 @@
-"""Orchestrator: admits jobs, moves them through the INIT, RUN and EVAL pools, decides their results."""
+"""Orchestrator: admits jobs, moves them through the INIT, RUN and EVAL pools, decides their results.
+
+A stage's way with a job is a few named steps: `_enter_stage` (skip a job that ended while queued, take
+INIT's ready-for-RUN permit, start the handler's method), waiting within the job's budget, and `_leave_stage`
+(timeout, stale, failure, or on to the next stage: `_advance`; EVAL's value completes it). A job ends in
+`_end` (from inside a stage) or `_cancel_job` (from any thread). Its resources are released in `_release`
+only.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,6 @@ from pydantic import ValidationError
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import (
     AGENT_CONFIG_KEYS,
-    AgentHandler,
     HandlerRegistry,
     JobContext,
     default_error,
@@ -23,10 +29,11 @@ from prorl_server.llm import BackendPool, LLMSession
 from prorl_server.llm.judge import JudgePool
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
-from prorl_server.pipeline.handler_calls import call_handler, overrides, parse_eval_outcome
-from prorl_server.pipeline.job import STAGES, Job
+from prorl_server.pipeline.handler_calls import HandlerMethodCache, HandlerMethods, parse_eval_outcome
+from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
+from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.submission import FinishedJob, request_digest
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
@@ -41,8 +48,6 @@ from prorl_server.protocol import (
 from prorl_server.sandbox.manager import SandboxManager
 
 log = logging.getLogger(__name__)
-
-_NEXT_STAGE = {"init": "run", "run": "eval"}
 
 
 class Orchestrator:
@@ -62,7 +67,8 @@ class Orchestrator:
         self.sandboxes = sandboxes
         self.judge = judge  # the LLM judge EVAL reaches as ctx.judge (None: --judge-server not given)
         self.results = ResultStore(settings.result_retention_s)
-        sizes = {"init": settings.init_workers, "run": settings.run_workers, "eval": settings.eval_workers}
+        sizes = {Stage.INIT: settings.init_workers, Stage.RUN: settings.run_workers, Stage.EVAL: settings.eval_workers}
+        self._handler_methods = HandlerMethodCache()
         self.pools = {
             stage: StagePool(stage, sizes[stage], self._stage_processor(stage), backends.client.aclose_current_loop)
             for stage in STAGES
@@ -134,7 +140,7 @@ class Orchestrator:
                 "instance.data_source is required (a string naming the handler); known data sources: "
                 + (", ".join(self.registry.names()) or "none")
             )
-        handler = self.registry.get(data_source)
+        methods = self._handler_methods.get(self.registry.get(data_source))
         registered, healthy = self.backends.counts()
         if registered == 0:
             raise NotAccepting(
@@ -145,7 +151,7 @@ class Orchestrator:
             raise NotAccepting(
                 f"all {registered} LLM backends are unhealthy (they fail their health checks); see GET /llm_servers"
             )
-        job = self._make_job(request, handler, data_source, digest)
+        job = self._make_job(request, methods, digest)
         with self._lock:
             live = self._live.get(job.id)
             if live is not None:  # admitted meanwhile by a concurrent submission
@@ -153,11 +159,7 @@ class Orchestrator:
                     return live
                 raise DuplicateJob(_different_request(job.id, "is in flight"))
             self._live[job.id] = job
-        if overrides(handler, "init"):
-            self.pools["init"].put(job)
-        else:  # nothing to do in INIT: skip its queue and thread hop
-            job.next_stage = "run"
-            self.pools["run"].put(job)
+        self.pools[job.next_stage].put(job)
         return job
 
     def _same_request(self, job_id: str, digest: str) -> Job | FinishedJob | None:
@@ -180,9 +182,9 @@ class Orchestrator:
             )
         return FinishedJob(result)
 
-    def _make_job(self, request: ProcessRequest, handler: AgentHandler, data_source: str, digest: str) -> Job:
+    def _make_job(self, request: ProcessRequest, methods: HandlerMethods, digest: str) -> Job:
         job_id = request.job_id or uuid.uuid4().hex
-        agent_keys = AGENT_CONFIG_KEYS | handler.agent_config_keys
+        agent_keys = AGENT_CONFIG_KEYS | methods.handler.agent_config_keys
         sampling = {k: v for k, v in request.sampling_params.items() if k not in agent_keys}
         agent_config = {k: v for k, v in request.sampling_params.items() if k in agent_keys}
         agent_config.update(request.agent_config)
@@ -198,6 +200,7 @@ class Orchestrator:
             max_staleness=request.max_staleness if request.max_staleness is not None else self.settings.max_staleness,
             stale_policy=request.stale_policy or self.settings.stale_policy,
             pause_clock=timer,
+            client=self.backends.client,
         )
         ctx = JobContext(
             job_id=job_id,
@@ -209,7 +212,9 @@ class Orchestrator:
             _sandboxes=self.sandboxes,
             _judge=self.judge,
         )
-        return Job(job_id, handler, ctx, timer, digest)
+        # a handler without an INIT of its own skips that stage's queue and thread hop
+        first_stage = Stage.INIT if methods.stage(Stage.INIT).overridden else Stage.RUN
+        return Job(job_id, methods, ctx, timer, digest, first_stage)
 
     # queries --------------------------------------------------------------------------------------
 
@@ -266,122 +271,137 @@ class Orchestrator:
             return False
         self._store(job)
         if not job.interrupt():
-            # Not inside a stage: release what INIT may have acquired on the pool it waits for.
-            self.pools[job.next_stage].spawn(job.ctx.release())
+            # Not inside a stage (the stage releases it when interrupted): release what INIT may have
+            # acquired, on the loop of the pool it waits for.
+            self.pools[job.next_stage].spawn(self._release(job))
         return True
 
     # stage execution ------------------------------------------------------------------------------
 
-    def _stage_processor(self, stage: str):
+    def _stage_processor(self, stage: Stage):
         async def process(job: Job) -> None:
             try:
                 await self._run_stage(stage, job)
             except Exception as exc:  # a bug here must still end the job, never leave its caller waiting
                 log.exception("internal error in %s stage of job %s", stage, job.id)
                 message = f"prorl-server internal error ({type(exc).__name__}: {exc}); please report it"
-                await self._finish(
+                await self._end(
                     job, JobStatus.FAILED, error=ErrorInfo(stage=stage, type="InternalError", message=message)
                 )
 
         return process
 
-    async def _run_stage(self, stage: str, job: Job) -> None:
-        ctx = job.ctx
-        if job.terminal:
-            await ctx.release()
+    async def _run_stage(self, stage: Stage, job: Job) -> None:
+        """One stage of a job: enter it, wait for the handler's method within the job's budget, leave it."""
+        task = await self._enter_stage(stage, job)
+        if task is None:  # the job ended while it was queued
+            await self._release(job)
             return
-        if stage == "init":
-            # Backpressure: INIT may run ahead of RUN by at most `max_ready_for_run` jobs.
-            await self._ready_gate.acquire()
-            if not job.hold_ready_permit():
-                self._ready_gate.release()
-                await ctx.release()
-                return
-        elif stage == "run" and job.drop_ready_permit():
-            self._ready_gate.release()
-        handler = job.handler
-        pool = self.pools[stage]
-        ctx._loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(call_handler(getattr(handler, stage), ctx, executor=pool.executor))
-        if not job.attach(stage, task):
-            task.cancel()
-            await ctx.release()
-            return
-        job.timer.start(stage)
         try:
             done = await _wait_within_budget(task, job.timer)
         except asyncio.CancelledError:  # the pool is shutting down
             task.cancel()
             await self._settle(task)
             job.timer.pause()
-            job.detach()
-            await ctx.release()
+            job.leave_stage()
+            await self._release(job)
             raise
         job.timer.pause()
-        job.detach()
+        job.leave_stage()
+        await self._leave_stage(stage, job, task, done)
+
+    async def _enter_stage(self, stage: Stage, job: Job) -> asyncio.Task[Any] | None:
+        """Start the handler's method for `stage` as the job's stage task; None if the job has ended."""
+        if job.terminal:
+            return None
+        if stage is Stage.INIT:
+            # Backpressure: INIT may run ahead of RUN by at most `max_ready_for_run` jobs.
+            await self._ready_gate.acquire()
+            if not job.hold_ready_permit():
+                self._ready_gate.release()
+                return None
+        elif stage is Stage.RUN and job.drop_ready_permit():
+            self._ready_gate.release()
+        job.ctx._loop = asyncio.get_running_loop()
+        method = job.methods.stage(stage)
+        task = asyncio.ensure_future(method.call(job.ctx, executor=self.pools[stage].executor))
+        try:
+            entered = job.enter_stage(task)
+        except BaseException:  # an illegal transition (a bug): the task must not run unseen
+            task.cancel()
+            raise
+        if not entered:  # it ended meanwhile
+            task.cancel()
+            return None
+        job.timer.start(stage)
+        return task
+
+    async def _leave_stage(self, stage: Stage, job: Job, task: asyncio.Task[Any], done: bool) -> None:
+        """Decide where the job goes after its stage task: ended (timeout, stale, failed, completed, or
+        ended elsewhere meanwhile) or on to the next stage."""
         if not done:
             task.cancel()
             await self._settle(task)
-            budget = job.timer.budget_s
-            await self._finish(
-                job,
-                JobStatus.TIMEOUT,
-                error=ErrorInfo(
-                    stage=stage,
-                    type="Timeout",
-                    message=f"the job used up its {budget:g}s budget during {stage}",
-                ),
+            error = ErrorInfo(
+                stage=stage,
+                type="Timeout",
+                message=f"the job used up its {job.timer.budget_s:g}s budget during {stage}",
             )
+            await self._end(job, JobStatus.TIMEOUT, error=error)
             return
-        if task.cancelled() or job.terminal:
-            await ctx.release()
+        if task.cancelled() or job.terminal:  # cancelled or stopped meanwhile: its result is decided
+            await self._release(job)
             return
         exc = task.exception()
-        if ctx.llm.stale is not None:  # bounded staleness ended it, whatever the handler made of that
-            error = ErrorInfo(stage=stage, type="StaleRollout", message=ctx.llm.stale)
-            await self._finish(job, JobStatus.STALE, error=error)
+        if job.ctx.llm.stale is not None:  # bounded staleness ended it, whatever the handler made of that
+            await self._end(
+                job, JobStatus.STALE, error=ErrorInfo(stage=stage, type="StaleRollout", message=job.ctx.llm.stale)
+            )
             return
         if exc is None:
-            await self._advance(job, stage, task.result())
+            await self._complete_stage(stage, job, task.result())
             return
         error = await self._stage_exception(job, stage, exc)
         if error is not None:
-            await self._finish(job, JobStatus.FAILED, error=_with_origin(error, exc), exc=exc)
-        elif stage == "eval":
-            await self._finish(job, JobStatus.COMPLETED, reward=0.0, details={})
+            await self._end(job, JobStatus.FAILED, error=_with_origin(error, exc), exc=exc)
+        elif stage is Stage.EVAL:
+            await self._end(job, JobStatus.COMPLETED, reward=0.0, details={})
         else:
-            await self._advance(job, stage, None)
+            await self._advance(job, stage)
 
-    async def _advance(self, job: Job, stage: str, value: Any) -> None:
-        if stage == "eval":
-            try:
-                reward, details = parse_eval_outcome(value)
-            except (TypeError, ValueError) as exc:
-                await self._finish(job, JobStatus.FAILED, error=default_error("eval", exc), exc=exc)
-                return
-            await self._finish(job, JobStatus.COMPLETED, reward=reward, details=details)
+    async def _complete_stage(self, stage: Stage, job: Job, value: Any) -> None:
+        """The stage returned `value`: EVAL's completes the job (or fails it if it is no reward)."""
+        if stage is not Stage.EVAL:
+            await self._advance(job, stage)
             return
-        if stage == "run":
-            await job.ctx.release()  # sandboxes go before EVAL, so slow evals never hold them
-        if job.terminal:
-            await job.ctx.release()
+        try:
+            reward, details = parse_eval_outcome(value)
+        except (TypeError, ValueError) as exc:
+            await self._end(job, JobStatus.FAILED, error=default_error(Stage.EVAL, exc), exc=exc)
             return
-        nxt = _NEXT_STAGE[stage]
-        job.detach(nxt)
+        await self._end(job, JobStatus.COMPLETED, reward=reward, details=details)
+
+    async def _advance(self, job: Job, stage: Stage) -> None:
+        """Queue the job for the stage after `stage` (INIT or RUN)."""
+        if stage is Stage.RUN:
+            await self._release(job)  # sandboxes go before EVAL, so slow evals never hold them
+        nxt = stage.next
+        assert nxt is not None, "EVAL has no next stage"
+        if not job.queue_for(nxt):  # it ended meanwhile
+            await self._release(job)
+            return
         self.pools[nxt].put(job)
 
-    async def _stage_exception(self, job: Job, stage: str, exc: BaseException) -> ErrorInfo | None:
-        hook = getattr(job.handler, f"{stage}_exception")
+    async def _stage_exception(self, job: Job, stage: Stage, exc: BaseException) -> ErrorInfo | None:
+        hook = job.methods.exception_hook(stage)
         try:
-            if overrides(job.handler, f"{stage}_exception"):
-                return await call_handler(hook, job.ctx, exc, executor=self.pools[stage].executor)
-            return hook(job.ctx, exc)
+            return await hook.call(job.ctx, exc, executor=self.pools[stage].executor)
         except Exception as hook_exc:
-            log.exception("%s_exception of handler %s raised", stage, type(job.handler).__name__)
+            log.exception("%s of handler %s raised", stage.exception_hook, type(job.handler).__name__)
             return ErrorInfo(
                 stage=stage,
                 type=type(exc).__name__,
-                message=f"{exc} (and {stage}_exception raised {type(hook_exc).__name__}: {hook_exc})",
+                message=f"{exc} (and {stage.exception_hook} raised {type(hook_exc).__name__}: {hook_exc})",
             )
 
     async def _settle(self, task: asyncio.Task[Any]) -> None:
@@ -391,7 +411,17 @@ class Orchestrator:
             if not task.done():
                 log.warning("a handler ignored cancellation for %.1fs", self.settings.cancel_grace_s)
 
-    async def _finish(
+    # ending and releasing -------------------------------------------------------------------------
+
+    async def _release(self, job: Job) -> None:
+        """Release the job's resources (its `ctx.on_release` cleanups, its backend pin): the only place
+        that does. Reached after RUN (sandboxes go before EVAL) and, however the job ended, once it has:
+        that final release runs once (the first path to reach it), the other paths skip it."""
+        if job.ctx.finished and not job.claim_final_release():
+            return
+        await job.ctx.release()
+
+    async def _end(
         self,
         job: Job,
         status: JobStatus,
@@ -401,20 +431,19 @@ class Orchestrator:
         details: dict[str, Any] | None = None,
         exc: BaseException | None = None,
     ) -> None:
-        """End the job with this outcome (through `final_result`); a failed or timed-out job is logged once,
-        at WARNING, with `exc`'s traceback when it ended on an exception."""
+        """End the job from inside a stage with this outcome (through `final_result`); a failed or timed-out
+        job is logged once, at WARNING, with `exc`'s traceback when it ended on an exception."""
         job.ctx.finish()  # first: what a stage still running acquires after this release is released at once
-        await job.ctx.release()
+        await self._release(job)
         result = self._result(job, status, error=error, reward=reward, details=details)
-        if overrides(job.handler, "final_result"):
-            try:
-                executor = self.pools[job.ctx.stage].executor if job.ctx.stage in self.pools else None
-                result = await call_handler(job.handler.final_result, job.ctx, result, executor=executor)
-                if not isinstance(result, JobResult):
-                    raise TypeError(f"final_result() must return a JobResult, got {type(result).__name__}")
-            except Exception as final_exc:
-                exc = final_exc
-                result = self._result(job, JobStatus.FAILED, error=default_error("final_result", final_exc))
+        try:
+            executor = self.pools[job.ctx.stage].executor if job.ctx.stage in self.pools else None
+            result = await job.methods.final_result.call(job.ctx, result, executor=executor)
+            if not isinstance(result, JobResult):
+                raise TypeError(f"final_result() must return a JobResult, got {type(result).__name__}")
+        except Exception as final_exc:
+            exc = final_exc
+            result = self._result(job, JobStatus.FAILED, error=default_error("final_result", final_exc))
         if job.finish(result):
             self._store(job)
             if result.status in (JobStatus.FAILED, JobStatus.TIMEOUT):
@@ -446,12 +475,12 @@ class Orchestrator:
         fields: dict[str, Any] = {
             "job_id": job.id,
             "reward": reward,
-            "trajectory": _snapshot(job.ctx.trajectory),
+            "trajectory": job.ctx.llm.tokens.snapshot(),  # consistent while a stage may still append
             "timing": StageTiming.model_construct(
                 queue_s=max(0.0, total - sum(stage_s.values()) - held),
-                init_s=stage_s["init"],
-                run_s=stage_s["run"],
-                eval_s=stage_s["eval"],
+                init_s=stage_s[Stage.INIT],
+                run_s=stage_s[Stage.RUN],
+                eval_s=stage_s[Stage.EVAL],
                 weight_pause_s=held,
                 total_s=total,
             ),
@@ -487,19 +516,6 @@ def _log_failure(result: JobResult, exc: BaseException | None) -> None:
         where = f" at {error.location}" if error.location else ""
         what = f"in {error.stage}: {error.type}: {error.message}{where}"
     log.warning("job %s (data_source %r) %s %s", result.job_id, result.data_source, outcome, what, exc_info=exc)
-
-
-def _snapshot(traj: Trajectory) -> Trajectory:
-    """Copy a trajectory that a still-running stage may keep appending to (cancel races)."""
-    n = min(len(traj.response_ids), len(traj.response_mask), len(traj.response_logprobs))
-    return Trajectory.model_construct(
-        prompt_ids=list(traj.prompt_ids),
-        response_ids=traj.response_ids[:n],
-        response_mask=traj.response_mask[:n],
-        response_logprobs=traj.response_logprobs[:n],
-        turns=list(traj.turns),
-        messages=list(traj.messages),
-    )
 
 
 def _different_request(job_id: str, state: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.loop_thread import LoopThread
+from prorl_server.pipeline.stages import Stage
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class StagePool:
 
     def __init__(
         self,
-        stage: str,
+        stage: Stage,
         workers: int,
         process: Callable[[Job], Awaitable[None]],
         on_loop_stop: Callable[[], Awaitable[None]] | None = None,
