@@ -102,6 +102,10 @@ def _environ(pid: int) -> dict[bytes, bytes]:
     return found
 
 
+REAP_PASSES = 10
+"""Most listing-and-killing passes one `reap` makes."""
+
+
 def tagged_processes() -> list[Tagged]:
     """Every live process with an owner tag (this process excluded)."""
     me = os.getpid()
@@ -148,15 +152,22 @@ def kill_tagged(key: str, value: str) -> list[int]:
 
 
 def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tagged]:
-    """SIGKILL tagged processes of `owner` except those of `exclude_owner`.
+    """SIGKILL tagged processes of `owner` except those of `exclude_owner`, pass after pass until a pass
+    finds none left (at most REAP_PASSES): a process not yet killed can start another (a tool server
+    replacing its killed shell) after the pass listed the processes.
 
     `owner=None` means every owner, live servers' included: on a shared node use `reap_orphans` instead.
     """
-    killed = []
-    for proc in tagged_processes():
-        wanted = (owner is None or proc.owner == owner) and proc.owner != exclude_owner
-        if wanted and _kill_if_tagged(proc.pid, ENV_OWNER, proc.owner):
-            killed.append(proc)
+    killed: list[Tagged] = []
+    for _ in range(REAP_PASSES):  # a process killed late in a pass may have spawned a child after the listing
+        this_pass = []
+        for proc in tagged_processes():
+            wanted = (owner is None or proc.owner == owner) and proc.owner != exclude_owner
+            if wanted and _kill_if_tagged(proc.pid, ENV_OWNER, proc.owner):
+                this_pass.append(proc)
+        if not this_pass:
+            break
+        killed += this_pass
     if killed:
         log.warning("reaped %d sandbox processes: %s", len(killed), sorted({p.owner for p in killed}))
     return killed
