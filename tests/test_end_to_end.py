@@ -44,7 +44,10 @@ def test_multi_turn_job_returns_exact_tokens_logprobs_and_mask(server, backend):
     assert all(t["backend"] == backend.address for t in turns)
     assert [m["role"] for m in traj["messages"]] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert result["eval"] == {"turns": 3}
-    assert set(result["timing"]) == {"queue_s", "init_s", "run_s", "eval_s", "weight_pause_s", "total_s"}
+    assert set(result["timing"]) == {
+        *("queue_s", "init_s", "run_s", "eval_s", "weight_pause_s", "total_s"),
+        *("turns", "llm_s", "llm_queue_s", "tool_s"),
+    }
 
     # what the backend saw: each prompt is exactly the previous context, sampling params passed through,
     # agent keys (max_turns) kept away from vLLM

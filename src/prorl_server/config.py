@@ -19,6 +19,12 @@ RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 PlacementName = Literal["sticky_least_loaded", "min_heap"]
 """Placement policies by name (llm/placement.py)."""
 
+DispatchPolicyName = Literal["fcfs", "round_robin", "progressive", "srpt"]
+"""Orders of the LLM calls waiting for an admission slot (scheduling/dispatch.py)."""
+
+PredictorName = Literal["online", "source_mean", "none"]
+"""Length predictors by name (scheduling.PREDICTORS)."""
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
 
@@ -78,6 +84,29 @@ class ServerSettings(BaseModel):
         default="sticky_least_loaded",
         description="Which backend a new job is pinned to: the fewest jobs in flight (sticky_least_loaded), or "
         "the fewest jobs ever assigned (min_heap, ProRL's).",
+    )
+    dispatch_policy: DispatchPolicyName = Field(
+        default="fcfs",
+        description="Order of the LLM calls waiting for a backend's admission slot: trajectories in arrival order "
+        "(fcfs), each turn to the back (round_robin), longest predicted remaining first (progressive, Heddle's), "
+        "or shortest first (srpt).",
+    )
+    predictor: PredictorName = Field(
+        default="online",
+        description="Length predictor of the progressive and srpt dispatch policies; it learns from every "
+        "completed job.",
+    )
+    max_inflight_per_backend: int | None = Field(
+        default=None,
+        ge=1,
+        description="LLM completions in flight per backend, at most; more wait in the dispatch policy's order "
+        "(default: unlimited, no waiting).",
+    )
+    vllm_priority: bool = Field(
+        default=False,
+        description="Send the dispatch policy's order as vLLM's `priority` request field (lower = sooner; not "
+        "with fcfs). Needs vLLM started with --scheduling-policy priority: vLLM refuses a non-zero priority "
+        "otherwise.",
     )
     default_timeout_s: float | None = Field(
         default=3600.0, gt=0, description="Per-job budget in seconds of stage time (queue time is not counted)."

@@ -43,6 +43,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "LLM judge": ("judge_servers", "judge_model", "judge_timeout_s", "judge_retry_budget_s"),
     "staleness": ("max_staleness", "stale_policy"),
+    "scheduling": ("dispatch_policy", "predictor", "max_inflight_per_backend", "vllm_priority"),
 }
 """Sections of `serve --help`; every ServerSettings field is in exactly one."""
 

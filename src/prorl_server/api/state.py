@@ -19,6 +19,8 @@ from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
+from prorl_server.scheduling import make_predictor
+from prorl_server.scheduling.dispatch import DispatchPolicy
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class ServerState:
             breaker_cooldown_s=settings.llm_breaker_cooldown_s,
             retry=RetryPolicy(budget_s=settings.llm_retry_budget_s),
             stall_timeout_s=settings.llm_stall_timeout_s,
+            max_inflight_per_backend=settings.max_inflight_per_backend,
         )
         for address in settings.llm_servers:
             backends.add(address)
@@ -103,7 +106,12 @@ class ServerState:
             registry,
             backends,
             Orchestrator(
-                settings, registry, backends, build_sandboxes(settings, backends), judge=build_judge(settings)
+                settings,
+                registry,
+                backends,
+                build_sandboxes(settings, backends),
+                judge=build_judge(settings),
+                dispatch=build_dispatch(settings),
             ),
         )
         state.orchestrator.results.on_put = state.signal.notify
@@ -129,6 +137,13 @@ class ServerState:
         """Run one health-check round now (after a registration)."""
         if self.health.alive:
             self.health.submit(self.backends.check_health())
+
+
+def build_dispatch(settings: ServerSettings) -> DispatchPolicy:
+    """The dispatch policy of `--dispatch-policy`, with the length predictor of `--predictor`."""
+    return DispatchPolicy(
+        settings.dispatch_policy, make_predictor(settings.predictor), vllm_priority=settings.vllm_priority
+    )
 
 
 def build_judge(settings: ServerSettings) -> JudgePool | None:

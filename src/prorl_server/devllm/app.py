@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from prorl_server.devllm.engine import DevEngine, Generation
 from prorl_server.devllm.errors import DevLLMRequestError
@@ -112,11 +112,10 @@ def usage(gen: Generation) -> UsageInfo:
     return UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out)
 
 
-def create_app(engine: DevEngine) -> FastAPI:
-    """The app serving `engine`; the caller owns the engine (and closes it)."""
-    app = FastAPI(title="prorl-server dev LLM engine (vLLM protocol subset)")
-    app.state.engine = engine
-    registry = engine_registry(engine)
+def add_engine_basics(app: FastAPI, registry: CollectorRegistry, card: ModelCard) -> None:
+    """What every engine app of this project serves alike: vLLM's error shape for every error (400 for a
+    bad body, 500 for a bug), `/health`, `/metrics` from `registry` (vLLM's names) and `/v1/models` with
+    `card`."""
 
     @app.exception_handler(DevLLMRequestError)
     async def request_error(_: Request, exc: DevLLMRequestError) -> JSONResponse:
@@ -137,13 +136,21 @@ def create_app(engine: DevEngine) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        """Prometheus text with vLLM's metric names (see `metrics`)."""
+        """Prometheus text with vLLM's metric names."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=engine.model_name, root=str(engine.model_path), max_model_len=engine.n_ctx)
         return ModelList(data=[card])
+
+
+def create_app(engine: DevEngine) -> FastAPI:
+    """The app serving `engine`; the caller owns the engine (and closes it)."""
+    app = FastAPI(title="prorl-server dev LLM engine (vLLM protocol subset)")
+    app.state.engine = engine
+
+    card = ModelCard(id=engine.model_name, root=str(engine.model_path), max_model_len=engine.n_ctx)
+    add_engine_basics(app, engine_registry(engine), card)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:

@@ -11,6 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
 from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
@@ -52,8 +53,10 @@ class BackendPool:
         breaker_cooldown_s: float = 5.0,
         retry: RetryPolicy | None = None,
         stall_timeout_s: float | None = None,
+        max_inflight_per_backend: int | None = None,
     ) -> None:
         self.client = client
+        self.max_inflight_per_backend = max_inflight_per_backend
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
         self.retry = retry or RetryPolicy()
         self.stall_timeout_s = stall_timeout_s
@@ -69,6 +72,7 @@ class BackendPool:
         self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
         self.current_version: str | int | None = None  # the version last set by set_weight_version
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
+        self._admission: dict[str, AdmissionGate] = {}  # per backend address, with max_inflight_per_backend
 
     # registration -----------------------------------------------------------------------------
 
@@ -286,6 +290,25 @@ class BackendPool:
             last = f"; last error: {backend.last_error[:300]}" if backend.last_error else ""
             reasons.append(f"{backend.address} {why}{last}")
         return f"all {len(self._backends)} registered LLM backends are out of placement: " + " | ".join(reasons)
+
+    # admission ----------------------------------------------------------------------------------
+
+    def admission(self, backend: Backend) -> AdmissionGate | None:
+        """The admission gate of `backend`'s completions (None: unlimited, `max_inflight_per_backend` unset).
+        A backend's gate outlives its removal, so its calls still in flight release their slots."""
+        if self.max_inflight_per_backend is None:
+            return None
+        with self._lock:
+            gate = self._admission.get(backend.address)
+            if gate is None:
+                gate = self._admission[backend.address] = AdmissionGate(self.max_inflight_per_backend)
+            return gate
+
+    def admission_counts(self) -> tuple[int, int]:
+        """(completions waiting for an admission slot, completions holding one), over every backend."""
+        with self._lock:
+            gates = list(self._admission.values())
+        return sum(g.waiting for g in gates), sum(g.admitted for g in gates)
 
     # speed and stall timeouts -------------------------------------------------------------------
 

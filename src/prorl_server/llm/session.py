@@ -35,6 +35,9 @@ from prorl_server.llm.token_stream import TokenStream
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
+from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.scheduling.telemetry import TrajectoryTelemetry
+from prorl_server.scheduling.view import TrajectoryView, prompt_key_of
 
 T = TypeVar("T")
 
@@ -77,6 +80,14 @@ def versioned_cache_salt(params: dict[str, Any], version: str | int | None) -> d
     return {**params, "cache_salt": f"{salt}:w{version}" if salt else f"w{version}"}
 
 
+@dataclass(slots=True)
+class _CallClock:
+    """Seconds one call spent waiting for an admission slot and at weight-update pauses."""
+
+    queue_s: float = 0.0
+    pause_s: float = 0.0
+
+
 def _common_suffix_len(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
@@ -99,6 +110,12 @@ class LLMSession:
 
     `pause_clock` (the job's budget timer) is held while a call waits at a weight-update pause. `client`
     sends the requests (default: the pool's). Every write to `trajectory` goes through `tokens`.
+
+    Dispatch: with the pool's `max_inflight_per_backend`, each completion waits for an admission slot of its
+    backend (`admission.py`) in the order of `dispatch` (a `scheduling.DispatchPolicy`; arrival order without
+    one), which may also send that order as vLLM's `priority` field (a `priority` in the trainer's sampling
+    params is sent as it is). `telemetry` keeps the job's LLM, admission-queue and tool time; `view()` is what
+    a scheduling policy sees of the trajectory.
     """
 
     def __init__(
@@ -113,8 +130,15 @@ class LLMSession:
         stale_policy: Literal["end", "continue"] = "end",
         pause_clock: PauseClock | None = None,
         client: VLLMClient | None = None,
+        data_source: str = "",
+        dispatch: DispatchPolicy | None = None,
     ) -> None:
         self.job_id = job_id
+        self.data_source = data_source
+        self.dispatch = dispatch
+        self.telemetry = TrajectoryTelemetry()
+        self._trajectory_seq = dispatch.new_trajectory() if dispatch is not None else 0
+        self._prompt_key: str | None = None
         self.pause_clock = pause_clock
         self.pool = pool
         self.client = client if client is not None else pool.client
@@ -135,6 +159,21 @@ class LLMSession:
     def token_ids(self) -> list[int]:
         """The whole context so far: prompt ids followed by response ids."""
         return self.tokens.token_ids
+
+    def view(self) -> TrajectoryView:
+        """The trajectory as a scheduling policy sees it now (turns, and model and observation tokens)."""
+        traj = self.tokens.snapshot()
+        if self._prompt_key is None:
+            self._prompt_key = prompt_key_of(traj.prompt_ids)
+        model_tokens = sum(traj.response_mask)
+        return TrajectoryView(
+            data_source=self.data_source,
+            prompt_key=self._prompt_key,
+            prompt_len=len(traj.prompt_ids),
+            turns=len(traj.turns),
+            model_tokens=model_tokens,
+            observation_tokens=len(traj.response_mask) - model_tokens,
+        )
 
     async def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Set the prompt: the chat template of `messages` with the generation prompt; returns its ids."""
@@ -158,6 +197,10 @@ class LLMSession:
         for key in RESERVED_SAMPLING_KEYS & params.keys():
             del params[key]
         prompt = self.token_ids
+        self.telemetry.call_started()
+        priority = self.dispatch.priority(self._trajectory_seq, self.view()) if self.dispatch is not None else 0
+        if self.dispatch is not None and self.dispatch.sends_priority:
+            params.setdefault("priority", priority)  # the trainer's own priority is sent as it is
 
         async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
             # the weights this request was sent to: updates happen only while no call is in flight (the
@@ -179,7 +222,15 @@ class LLMSession:
             self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
             return completion, version
 
-        (completion, weight_version), backend = await self._with_backend_pair(complete)
+        clock = _CallClock()
+        started = time.monotonic()
+        try:
+            (completion, weight_version), backend = await self._with_backend_pair(complete, priority, clock)
+        except BaseException:
+            self.telemetry.call_ended(self._llm_seconds(started, clock), clock.queue_s, answered=False)
+            raise
+        llm_s = self._llm_seconds(started, clock)
+        self.telemetry.call_ended(llm_s, clock.queue_s, answered=True)
         turn = TurnRecord(
             backend=backend.address,
             weight_version=weight_version,
@@ -188,6 +239,8 @@ class LLMSession:
             output_ids=completion.output_ids,
             logprobs=completion.logprobs,
             text=completion.text,
+            llm_s=llm_s,
+            queue_s=clock.queue_s,
         )
         self.tokens.append_sampled(
             completion.output_ids, completion.logprobs, turn, {"role": "assistant", "content": completion.text}
@@ -279,6 +332,11 @@ class LLMSession:
 
     # internals ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _llm_seconds(started: float, clock: _CallClock) -> float:
+        """A call's time since `started` less its admission and weight-pause waits."""
+        return max(0.0, time.monotonic() - started - clock.queue_s - clock.pause_s)
+
     async def _template_shape(self) -> TemplateShape:
         async def probe(backend: Backend) -> TemplateShape:
             shape = self.pool.cached(backend, "template_shape")
@@ -314,12 +372,16 @@ class LLMSession:
         result, _ = await self._with_backend_pair(call)
         return result
 
-    async def _with_backend_pair(self, call: Callable[[Backend], Awaitable[T]]) -> tuple[T, Backend]:
+    async def _with_backend_pair(
+        self, call: Callable[[Backend], Awaitable[T]], priority: int | None = None, clock: _CallClock | None = None
+    ) -> tuple[T, Backend]:
         """Run `call` on the job's backend; when the backend fails, retry (see the class docstring).
 
         Each attempt passes the pool's dispatch gate: while the trainer has paused dispatching for a weight
         update the attempt waits there, and that wait neither spends the retry budget nor counts as a
-        failure; an attempt the pause aborted is sent again after the resume (nothing of it is kept)."""
+        failure; an attempt the pause aborted is sent again after the resume (nothing of it is kept). With a
+        `priority` (completions), the attempt then waits for its backend's admission slot, if the pool limits
+        calls in flight; `clock` adds up both waits."""
         retry = self.pool.retry
         gate = self.pool.gate
         loop = asyncio.get_running_loop()
@@ -331,6 +393,8 @@ class LLMSession:
         while True:
             ticket = await gate.enter(self.pause_clock)
             deadline += ticket.waited_s
+            if clock is not None:
+                clock.pause_s += ticket.waited_s
             try:
                 try:
                     lease = self._acquire(failed_on, ticket)
@@ -348,7 +412,7 @@ class LLMSession:
                     if backend.address in failed_on:  # back again where this call failed: back off first
                         backoff = min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time()))
                     try:
-                        result = await ticket.run(self._attempt(backend, call, backoff))
+                        result = await ticket.run(self._attempt(backend, call, backoff, priority, clock))
                     except DispatchAborted:
                         self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
                         continue
@@ -375,8 +439,27 @@ class LLMSession:
                 gate.exit(ticket)
             await asyncio.sleep(delay)  # no backend placeable: wait outside the gate, then try again
 
-    async def _attempt(self, backend: Backend, call: Callable[[Backend], Awaitable[T]], backoff_s: float) -> T:
+    async def _attempt(
+        self,
+        backend: Backend,
+        call: Callable[[Backend], Awaitable[T]],
+        backoff_s: float,
+        priority: int | None,
+        clock: _CallClock | None,
+    ) -> T:
+        """One request: back off, wait for an admission slot (a cancelled wait leaves the gate), send it; its
+        slot is released however it ends."""
         if backoff_s > 0:
             await asyncio.sleep(backoff_s)
-        await self.pool.resolve_model(backend)
-        return await call(backend)
+        admission = self.pool.admission(backend) if priority is not None else None
+        if admission is None or priority is None:
+            await self.pool.resolve_model(backend)
+            return await call(backend)
+        slot = await admission.admit(priority)
+        if clock is not None:
+            clock.queue_s += slot.waited_s
+        try:
+            await self.pool.resolve_model(backend)
+            return await call(backend)
+        finally:
+            admission.release(slot)

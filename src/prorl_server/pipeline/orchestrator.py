@@ -41,11 +41,14 @@ from prorl_server.protocol import (
     JobResult,
     JobStatus,
     ProcessRequest,
+    SchedulingStatus,
     StageTiming,
     StatusResponse,
     Trajectory,
 )
 from prorl_server.sandbox.manager import SandboxManager
+from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.scheduling.view import view_of
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,11 @@ class Orchestrator:
         backends: BackendPool,
         sandboxes: SandboxManager | None = None,
         judge: JudgePool | None = None,
+        *,
+        dispatch: DispatchPolicy,
     ) -> None:
         self.settings = settings
+        self.dispatch = dispatch  # orders LLM calls waiting for admission; its predictor learns from completed jobs
         self.registry = registry
         self.backends = backends
         self.sandboxes = sandboxes
@@ -201,6 +207,8 @@ class Orchestrator:
             stale_policy=request.stale_policy or self.settings.stale_policy,
             pause_clock=timer,
             client=self.backends.client,
+            data_source=str(request.instance.get("data_source", "")),
+            dispatch=self.dispatch,
         )
         ctx = JobContext(
             job_id=job_id,
@@ -236,6 +244,7 @@ class Orchestrator:
             jobs[job.status.value] = jobs.get(job.status.value, 0) + 1
         jobs["stored_results"] = len(self.results)
         registered, healthy = self.backends.counts()
+        waiting, admitted = self.backends.admission_counts()
         return StatusResponse(
             running=self.running,
             queues={s: p.depth for s, p in self.pools.items()},
@@ -244,6 +253,15 @@ class Orchestrator:
             jobs=jobs,
             llm_servers=registered,
             healthy_llm_servers=healthy,
+            scheduling=SchedulingStatus(
+                dispatch_policy=self.dispatch.name,
+                predictor=self.dispatch.predictor.name,
+                placement=self.backends.policy.name,
+                max_inflight_per_backend=self.backends.max_inflight_per_backend,
+                vllm_priority=self.dispatch.vllm_priority,
+                waiting_calls=waiting,
+                admitted_calls=admitted,
+            ),
         )
 
     # cancellation ---------------------------------------------------------------------------------
@@ -448,6 +466,9 @@ class Orchestrator:
             self._store(job)
             if result.status in (JobStatus.FAILED, JobStatus.TIMEOUT):
                 _log_failure(result, exc)
+            elif result.status is JobStatus.COMPLETED and result.trajectory.turns:
+                # only whole trajectories teach the predictor: a cut-off one would look shorter than it is
+                self.dispatch.observe_finished(view_of(result.trajectory, result.data_source or "", finished=True))
 
     def _store(self, job: Job) -> None:
         assert job.result is not None
@@ -472,6 +493,7 @@ class Orchestrator:
         stage_s = {s: timer.stage_seconds(s) for s in STAGES}
         held = timer.held_s
         total = timer.wall_s()
+        telemetry = job.ctx.llm.telemetry.snapshot()
         fields: dict[str, Any] = {
             "job_id": job.id,
             "reward": reward,
@@ -483,6 +505,10 @@ class Orchestrator:
                 eval_s=stage_s[Stage.EVAL],
                 weight_pause_s=held,
                 total_s=total,
+                turns=telemetry.turns,
+                llm_s=telemetry.llm_s,
+                llm_queue_s=telemetry.llm_queue_s,
+                tool_s=telemetry.tool_s,
             ),
             "data_source": job.ctx.data_source,
         }

@@ -42,6 +42,7 @@ from prorl_server.protocol.server import (
     HandlerInfo,
     HealthResponse,
     LifecycleResponse,
+    SchedulingStatus,
     StatusResponse,
 )
 from prorl_server.protocol.weights import (
@@ -85,6 +86,7 @@ __all__ = [
     "ProcessRequest",
     "RemoveLLMServerRequest",
     "RemoveLLMServerResponse",
+    "SchedulingStatus",
     "Selection",
     "StageTiming",
     "StalePolicy",

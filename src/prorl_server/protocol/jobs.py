@@ -81,6 +81,14 @@ class TurnRecord(BaseModel):
     output_ids: list[int]
     logprobs: list[float]
     text: str = ""
+    llm_s: float = Field(
+        default=0.0,
+        description="Seconds the turn's completion call took at backends (failovers included; its admission "
+        "wait and weight-update pauses left out).",
+    )
+    queue_s: float = Field(
+        default=0.0, description="Seconds the call waited for a backend's admission slot (--max-inflight-per-backend)."
+    )
 
 
 class Trajectory(BaseModel):
@@ -126,7 +134,8 @@ class ErrorInfo(BaseModel):
 
 
 class StageTiming(BaseModel):
-    """Seconds spent queued, inside each stage, and held by weight-update pauses."""
+    """Seconds spent queued, inside each stage, and held by weight-update pauses; then the trajectory's
+    telemetry: turns, and the LLM, admission-queue and tool time within its stages."""
 
     queue_s: float = 0.0
     init_s: float = 0.0
@@ -138,6 +147,15 @@ class StageTiming(BaseModel):
         "time nor in the job's timeout.",
     )
     total_s: float = 0.0
+    turns: int = Field(default=0, description="Completion calls answered (sampled turns).")
+    llm_s: float = Field(default=0.0, description="Seconds of completion calls at backends, over all turns.")
+    llm_queue_s: float = Field(
+        default=0.0, description="Seconds completion calls waited for a backend's admission slot, over all turns."
+    )
+    tool_s: float = Field(
+        default=0.0,
+        description="Seconds between a turn's answer and the next completion call: the handler's and tools' time.",
+    )
 
 
 class JobResult(BaseModel):

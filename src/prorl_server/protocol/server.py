@@ -47,8 +47,20 @@ class LifecycleResponse(BaseModel):
     cancelled_jobs: int = 0
 
 
+class SchedulingStatus(BaseModel):
+    """The scheduling policies in use and the LLM calls at the backends' admission gates."""
+
+    dispatch_policy: str
+    predictor: str
+    placement: str
+    max_inflight_per_backend: int | None = Field(description="null: unlimited (no admission gate).")
+    vllm_priority: bool = Field(description="Whether calls send the dispatch order as vLLM's `priority` field.")
+    waiting_calls: int = Field(description="Completion calls waiting for an admission slot.")
+    admitted_calls: int = Field(description="Completion calls holding an admission slot.")
+
+
 class StatusResponse(BaseModel):
-    """Answer of `GET /status`: queue depths, busy workers, job counts."""
+    """Answer of `GET /status`: queue depths, busy workers, job counts, scheduling."""
 
     running: bool
     queues: dict[str, int]
@@ -57,6 +69,9 @@ class StatusResponse(BaseModel):
     jobs: dict[str, int] = Field(description="Live jobs per status, plus stored finished results.")
     llm_servers: int
     healthy_llm_servers: int
+    scheduling: SchedulingStatus | None = Field(
+        default=None, description="The scheduling policies and admission gates (null from servers that predate them)."
+    )
 
 
 class HealthResponse(BaseModel):

@@ -1,8 +1,10 @@
-"""Trajectory-aware scheduling (Heddle): a progressive length predictor, its accuracy metrics, and
-presorted dynamic-programming placement with migration. Pure algorithms: nothing here imports the pipeline.
+"""Trajectory-aware scheduling (Heddle): a progressive length predictor, its accuracy metrics, presorted
+dynamic-programming placement with migration, dispatch policies and per-trajectory telemetry. Pure algorithms:
+nothing here imports the pipeline.
 """
 
 from prorl_server.scheduling.accuracy import Accuracy, accuracy_at_step, pearson, recall_at_top, replay
+from prorl_server.scheduling.dispatch import DISPATCH_POLICIES, DispatchPolicy
 from prorl_server.scheduling.migration import LiveTrajectory, Migration, plan_migrations, scaled_targets
 from prorl_server.scheduling.partition import Placement, partition_makespan, place
 from prorl_server.scheduling.predictor import (
@@ -14,11 +16,14 @@ from prorl_server.scheduling.predictor import (
     make_predictor,
 )
 from prorl_server.scheduling.profile import Profile
+from prorl_server.scheduling.telemetry import TelemetrySnapshot, TrajectoryTelemetry
 from prorl_server.scheduling.view import Prediction, TrajectoryView, prompt_key_of, view_of
 
 __all__ = [
+    "DISPATCH_POLICIES",
     "PREDICTORS",
     "Accuracy",
+    "DispatchPolicy",
     "LengthPredictor",
     "LiveTrajectory",
     "Migration",
@@ -28,6 +33,8 @@ __all__ = [
     "Prediction",
     "Profile",
     "SourceMeanPredictor",
+    "TelemetrySnapshot",
+    "TrajectoryTelemetry",
     "TrajectoryView",
     "accuracy_at_step",
     "make_predictor",

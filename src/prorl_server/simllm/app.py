@@ -11,12 +11,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import Response
 
-from prorl_server.devllm.app import completion_logprobs, error_response, usage
-from prorl_server.devllm.errors import DevLLMRequestError
+from prorl_server.devllm.app import add_engine_basics, completion_logprobs, usage
 from prorl_server.devllm.protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -24,19 +21,16 @@ from prorl_server.devllm.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,
-    ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
     random_id,
 )
 from prorl_server.devllm.validation import (
-    PYDANTIC_ERROR_TYPE,
     check_completion_request,
     check_prompt_ids,
     fit_context,
     sampling_params,
-    validation_error,
 )
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.simllm.engine import SimEngine, SimTiming
@@ -66,37 +60,9 @@ def create_app(engine: SimEngine) -> FastAPI:
 
     app = FastAPI(title="prorl-server simulated LLM backend (vLLM protocol subset)", lifespan=lifespan)
     app.state.engine = engine
-    registry = sim_registry(engine)
     tokenizer = engine.tokenizer
-
-    @app.exception_handler(DevLLMRequestError)
-    async def request_error(_: Request, exc: DevLLMRequestError) -> JSONResponse:
-        return error_response(exc.message, status=exc.status.value, error_type=exc.error_type, param=exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def request_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_error(exc.errors(), exc.body)
-        return error_response(message, status=400, error_type=PYDANTIC_ERROR_TYPE, param=param)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(f"{type(exc).__name__}: {exc}", status=500, error_type="InternalServerError")
-
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        """Prometheus text with vLLM's metric names."""
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        card = ModelCard(
-            id=engine.model_name, root=MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len
-        )
-        return ModelList(data=[card])
+    card = ModelCard(id=engine.model_name, root=MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len)
+    add_engine_basics(app, sim_registry(engine), card)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
