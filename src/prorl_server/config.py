@@ -11,12 +11,13 @@ from typing import Literal, get_args
 from pydantic import BaseModel, Field
 
 from prorl_server.protocol.jobs import StalePolicy
+from prorl_server.simllm.profile import DEFAULT_PROFILE
 
 RuntimeName = Literal["auto", "apptainer", "bwrap", "local"]
 """Sandbox runtimes by name (`auto`: the first available of the others, in this order)."""
 RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 
-PlacementName = Literal["sticky_least_loaded", "min_heap"]
+PlacementName = Literal["sticky_least_loaded", "min_heap", "least_loaded", "presorted_dp"]
 """Placement policies by name (llm/placement.py)."""
 
 DispatchPolicyName = Literal["fcfs", "round_robin", "progressive", "srpt"]
@@ -82,8 +83,10 @@ class ServerSettings(BaseModel):
     )
     placement: PlacementName = Field(
         default="sticky_least_loaded",
-        description="Which backend a new job is pinned to: the fewest jobs in flight (sticky_least_loaded), or "
-        "the fewest jobs ever assigned (min_heap, ProRL's).",
+        description="Which backend a job's calls go to: a new job pinned to the fewest jobs in flight "
+        "(sticky_least_loaded) or the fewest jobs ever assigned (min_heap, ProRL's); every call to the fewest "
+        "calls in flight, not sticky (least_loaded); or Heddle's presorted DP over the predicted lengths at a "
+        "job's first completion, sticky, with migration at tool-call boundaries (presorted_dp).",
     )
     dispatch_policy: DispatchPolicyName = Field(
         default="fcfs",
@@ -95,6 +98,18 @@ class ServerSettings(BaseModel):
         default="online",
         description="Length predictor of the progressive and srpt dispatch policies; it learns from every "
         "completed job.",
+    )
+    interference_profile: str = Field(
+        default=DEFAULT_PROFILE,
+        description="Per-token seconds by batch size, batch:seconds,... (interpolated), that presorted_dp weighs "
+        "groups with (checked at start). The default is the LLM simulator's assumed profile, not a measurement of "
+        "your backends.",
+    )
+    migration_prefill_s_per_token: float = Field(
+        default=1e-4,
+        ge=0,
+        description="Seconds per context token presorted_dp charges a migration for recomputing the prefix on "
+        "the new backend (a move must save more).",
     )
     max_inflight_per_backend: int | None = Field(
         default=None,

@@ -43,7 +43,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "LLM judge": ("judge_servers", "judge_model", "judge_timeout_s", "judge_retry_budget_s"),
     "staleness": ("max_staleness", "stale_policy"),
-    "scheduling": ("dispatch_policy", "predictor", "max_inflight_per_backend", "vllm_priority"),
+    "scheduling": (
+        "dispatch_policy",
+        "predictor",
+        "max_inflight_per_backend",
+        "vllm_priority",
+        "interference_profile",
+        "migration_prefill_s_per_token",
+    ),
 }
 """Sections of `serve --help`; every ServerSettings field is in exactly one."""
 

@@ -15,12 +15,14 @@ from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
+from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.scheduling.placement_runtime import SharedPredictor
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,10 @@ class ServerState:
             for target in settings.handlers:
                 registry.add_target(target)
         client = client or VLLMClient(request_timeout_s=settings.llm_request_timeout_s)
+        dispatch = build_dispatch(settings)
         backends = BackendPool(
             client,
-            settings.placement,
+            build_placement(settings, dispatch),
             failure_threshold=settings.llm_failure_threshold,
             breaker_cooldown_s=settings.llm_breaker_cooldown_s,
             retry=RetryPolicy(budget_s=settings.llm_retry_budget_s),
@@ -111,7 +114,7 @@ class ServerState:
                 backends,
                 build_sandboxes(settings, backends),
                 judge=build_judge(settings),
-                dispatch=build_dispatch(settings),
+                dispatch=dispatch,
             ),
         )
         state.orchestrator.results.on_put = state.signal.notify
@@ -140,9 +143,19 @@ class ServerState:
 
 
 def build_dispatch(settings: ServerSettings) -> DispatchPolicy:
-    """The dispatch policy of `--dispatch-policy`, with the length predictor of `--predictor`."""
-    return DispatchPolicy(
-        settings.dispatch_policy, make_predictor(settings.predictor), vllm_priority=settings.vllm_priority
+    """The dispatch policy of `--dispatch-policy`, with the length predictor of `--predictor` (behind a lock,
+    since the placement policy shares it)."""
+    predictor = SharedPredictor(make_predictor(settings.predictor))
+    return DispatchPolicy(settings.dispatch_policy, predictor, vllm_priority=settings.vllm_priority)
+
+
+def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> PlacementPolicy:
+    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor."""
+    return make_policy(
+        settings.placement,
+        predictor=dispatch.predictor,
+        profile=interference_profile(settings.interference_profile),
+        prefill_s_per_token=settings.migration_prefill_s_per_token,
     )
 
 

@@ -21,7 +21,9 @@ class Backend:
     max_model_len: int | None = None  # the served model's context length, when the backend says
     vocab_size: int | None = None  # its vocabulary size, when the backend says
     assigned: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # jobs pinned to it
+    calls_in_flight: int = 0  # calls sent to it and not yet over
+    migrations: int = 0  # jobs moved onto it by a trajectory-aware placement at a tool-call boundary
     healthy: bool = True  # the last health check passed (or none has run yet)
     last_error: str | None = None
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
@@ -41,6 +43,7 @@ class Backend:
             model=self.model,
             assigned=self.assigned,
             in_flight=self.in_flight,
+            migrations=self.migrations,
             healthy=self.healthy,
             last_error=self.last_error,
             circuit=self.breaker.state.value,

@@ -7,7 +7,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +16,11 @@ from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
 from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
 from prorl_server.llm.errors import NoBackendAvailable
-from prorl_server.llm.placement import PlacementPolicy, make_policy
+from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
 from prorl_server.llm.vllm_client import VLLMClient
+from prorl_server.scheduling.view import TrajectoryView
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,9 @@ class Lease:
 
 
 class BackendPool:
-    """Thread-safe set of backends. Jobs are pinned to one backend for all their turns.
+    """Thread-safe set of backends. Jobs are pinned to one backend for all their turns (with a sticky
+    placement policy; `least_loaded` chooses anew at every call, and `presorted_dp` may move a job at a
+    tool-call boundary: `before_completion`).
 
     Each backend has a circuit breaker (`circuit.py`): `failure_threshold` failed requests in a row take
     it out of placement until its cooldown is over and a health check passes; then one trial request
@@ -211,17 +214,43 @@ class BackendPool:
             lease = self._acquire_locked(job_id, avoid)
             if ticket is not None:
                 self._calls[ticket] = lease.backend
+                lease.backend.calls_in_flight += 1
             return lease
 
     def done(self, ticket: Ticket) -> None:
         """The call of `ticket` is over (idempotent)."""
         with self._lock:
-            self._calls.pop(ticket, None)
+            backend = self._calls.pop(ticket, None)
+            if backend is not None:
+                backend.calls_in_flight -= 1
+
+    def before_completion(self, job_id: str, view: Callable[[], TrajectoryView]) -> None:
+        """A job's completion is about to be sent (`view`: its trajectory so far). A trajectory-aware policy
+        places the job here at its first completion, and at a later one (a tool-call boundary: nothing runs
+        for the job) may move it to another backend, to which the completion then resends the whole token
+        context, as after a drain. Other policies ignore it."""
+        policy = self.policy
+        if not isinstance(policy, TrajectoryAwarePolicy):
+            return
+        snapshot = view()
+        with self._lock:
+            placeable = sorted((b for b in self._backends.values() if b.placeable), key=lambda b: b.order)
+            if not placeable:
+                return  # the call itself waits for a backend and is placed by `choose`
+            pinned = self._pins.get(job_id)
+            current = pinned if pinned in placeable else None
+            target = policy.before_completion(job_id, snapshot, current, placeable)
+            if target is None or target is pinned:
+                return
+            if pinned is not None:
+                pinned.in_flight -= 1
+            target.in_flight += 1
+            self._pins[job_id] = target
 
     def _acquire_locked(self, job_id: str, avoid: Collection[str]) -> Lease:
         pinned = self._pins.get(job_id)
         live = pinned is not None and self._backends.get(pinned.address) is pinned and pinned.placeable
-        if live and pinned.address not in avoid:
+        if live and pinned.address not in avoid and self.policy.sticky:
             return Lease(pinned, pinned.breaker.start_request())
         placeable = [b for b in self._backends.values() if b.placeable]
         fresh = [b for b in placeable if b.address not in avoid]
@@ -243,6 +272,8 @@ class BackendPool:
             pinned = self._pins.pop(job_id, None)
             if pinned is not None:
                 pinned.in_flight -= 1
+            if isinstance(self.policy, TrajectoryAwarePolicy):
+                self.policy.forget(job_id)
 
     def succeeded(self, lease: Lease) -> None:
         """The backend answered the request (a rejection counts: it works)."""

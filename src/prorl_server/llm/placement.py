@@ -1,24 +1,57 @@
-"""Placement policies: which backend a new job is pinned to.
+"""Placement policies: which backend a job's calls go to.
 
-A policy has one method. The pool keeps jobs sticky (all turns of a job on one backend) and calls
-the policy only when a job needs a backend: on its first generation, or after its backend died.
+A policy chooses among placeable candidates (`choose`). A sticky policy is asked only when a job needs a
+backend (its first call, or after its backend left placement) and the pool keeps the job's later calls
+there; a policy that is not sticky (`least_loaded`) is asked at every call. A trajectory-aware policy
+(`presorted_dp`) is also told of each completion before it starts (`before_completion`), with the job's
+view: it places the job at its first completion and may move it at a tool-call boundary (the start of a
+later completion), which the pool counts as a migration.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prorl_server.llm.backend import Backend
+from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
+from prorl_server.scheduling.predictor import LengthPredictor, make_predictor
+from prorl_server.scheduling.profile import Profile
+from prorl_server.scheduling.view import TrajectoryView
+from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
+
+DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
+"""Prefix recompute cost a migration is charged per context token (the simulator's default prefill time)."""
 
 
 class PlacementPolicy(Protocol):
-    """Chooses a backend among healthy candidates (never empty) and records the assignment."""
+    """Chooses a backend among placeable candidates (never empty) and records the assignment."""
 
     name: str
+    sticky: bool
 
     def choose(self, candidates: Sequence[Backend]) -> Backend: ...
+
+
+@runtime_checkable
+class TrajectoryAwarePolicy(Protocol):
+    """A placement policy that also sees each completion's trajectory before it starts."""
+
+    def before_completion(
+        self, job_id: str, view: TrajectoryView, pinned: Backend | None, candidates: Sequence[Backend]
+    ) -> Backend | None:
+        """The backend the job's completion should go to when not `pinned` (None: stay)."""
+        ...
+
+    def forget(self, job_id: str) -> None:
+        """The job released its backend."""
+        ...
+
+
+def interference_profile(text: str) -> Profile:
+    """A `Profile` from `batch:seconds,...` text (the simulator's latency-profile syntax)."""
+    return Profile.from_points(LatencyProfile.parse(text).points)
 
 
 class MinHeapPolicy:
@@ -29,6 +62,7 @@ class MinHeapPolicy:
     """
 
     name = "min_heap"
+    sticky = True
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, str]] = []
@@ -68,6 +102,7 @@ class StickyLeastLoadedPolicy:
     """
 
     name = "sticky_least_loaded"
+    sticky = True
 
     def choose(self, candidates: Sequence[Backend]) -> Backend:
         chosen = min(candidates, key=lambda b: (b.in_flight, b.assigned, b.order))
@@ -75,14 +110,85 @@ class StickyLeastLoadedPolicy:
         return chosen
 
 
-POLICIES: dict[str, type[MinHeapPolicy] | type[StickyLeastLoadedPolicy]] = {
+class LeastLoadedPolicy:
+    """The step-centric baseline: every call to the backend with the fewest calls in flight (ties: fewest jobs
+    pinned, fewest ever chosen, then age). Not sticky, so a job's prefix cache is lost when it changes backend."""
+
+    name = "least_loaded"
+    sticky = False
+
+    def choose(self, candidates: Sequence[Backend]) -> Backend:
+        chosen = min(candidates, key=lambda b: (b.calls_in_flight, b.in_flight, b.assigned, b.order))
+        chosen.assigned += 1
+        return chosen
+
+
+class PresortedDPPolicy:
+    """Heddle's placement (`scheduling.placement_runtime`): a job is placed at its first completion by the
+    presorted DP over the live jobs' predicted lengths, stays there, and moves at a tool-call boundary when
+    the rescaled group sizes send it elsewhere and the gain beats recomputing its prefix. Calls before the
+    first completion (tokenize) and re-placements after a backend left go to the fewest jobs in flight."""
+
+    name = "presorted_dp"
+    sticky = True
+
+    def __init__(
+        self,
+        predictor: LengthPredictor | None = None,
+        profile: Profile | None = None,
+        prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
+    ) -> None:
+        self.placer = TrajectoryPlacer(
+            predictor if predictor is not None else make_predictor("online"),
+            profile if profile is not None else interference_profile(DEFAULT_PROFILE),
+            prefill_s_per_token,
+        )
+
+    def choose(self, candidates: Sequence[Backend]) -> Backend:
+        chosen = min(candidates, key=lambda b: (b.in_flight, b.assigned, b.order))
+        chosen.assigned += 1
+        return chosen
+
+    def before_completion(
+        self, job_id: str, view: TrajectoryView, pinned: Backend | None, candidates: Sequence[Backend]
+    ) -> Backend | None:
+        by_address = {b.address: b for b in candidates}
+        if job_id not in self.placer:
+            chosen = by_address[self.placer.place_new(job_id, view, list(by_address))]
+            if chosen is not pinned:
+                chosen.assigned += 1
+            return chosen
+        if pinned is None or view.turns == 0:  # no answered turn yet: not at a tool-call boundary
+            return None
+        target = self.placer.at_boundary(job_id, view, pinned.address, list(by_address))
+        if target is None:
+            return None
+        moved = by_address[target]
+        moved.migrations += 1
+        return moved
+
+    def forget(self, job_id: str) -> None:
+        self.placer.forget(job_id)
+
+
+POLICIES: dict[str, type[PlacementPolicy]] = {
     MinHeapPolicy.name: MinHeapPolicy,
     StickyLeastLoadedPolicy.name: StickyLeastLoadedPolicy,
+    LeastLoadedPolicy.name: LeastLoadedPolicy,
+    PresortedDPPolicy.name: PresortedDPPolicy,
 }
 
 
-def make_policy(name: str) -> PlacementPolicy:
-    """Instantiate a policy by its config name."""
+def make_policy(
+    name: str,
+    *,
+    predictor: LengthPredictor | None = None,
+    profile: Profile | None = None,
+    prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
+) -> PlacementPolicy:
+    """Instantiate a policy by its config name; `presorted_dp` uses the predictor, profile and prefill cost."""
+    if name == PresortedDPPolicy.name:
+        return PresortedDPPolicy(predictor, profile, prefill_s_per_token)
     try:
         return POLICIES[name]()
     except KeyError:

@@ -222,6 +222,8 @@ class LLMSession:
             self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
             return completion, version
 
+        if not self._finished:  # placement, or a move at a tool-call boundary (no call of the job is running)
+            self.pool.before_completion(self.job_id, self.view)
         clock = _CallClock()
         started = time.monotonic()
         try:

@@ -66,6 +66,9 @@ class LLMServerInfo(BaseModel):
     model: str | None = None
     assigned: int = Field(description="Jobs ever assigned to this backend since registration.")
     in_flight: int = Field(description="Jobs currently pinned to this backend.")
+    migrations: int = Field(
+        default=0, description="Jobs moved onto this backend at a tool-call boundary (placement presorted_dp)."
+    )
     healthy: bool = Field(description="Its last health check (GET /health) passed, or none has run yet.")
     last_error: str | None = None
     circuit: Literal["closed", "open", "half_open"] = Field(
