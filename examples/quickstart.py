@@ -50,7 +50,7 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
         print(f"[1/4] starting {engine_name}")
         llm = stack.dev_llm("--slots", "2")
         print(f"      {llm}")
-    print("[2/4] starting prorl-server with the first-party handlers (math, swe, code, short_answer)")
+    print("[2/4] starting prorl-server with the first-party handlers (math, swe, code, short_answer, judged_answer)")
     server = stack.server("--llm-server", llm, "--run-workers", "4", "--log-level", "warning")
     print(f"      {server}")
 
