@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 from prorl_server.devllm.config import DevLLMSettings
 from prorl_server.devllm.errors import MissingDependency, require_llama_cpp
@@ -42,28 +43,34 @@ def settings_from_args(args: argparse.Namespace) -> DevLLMSettings:
 
 def serve(settings: DevLLMSettings) -> None:
     """Load the model, serve until SIGINT/SIGTERM, and print one ready line once the port accepts."""
-    import uvicorn
-
     require_llama_cpp()  # before the imports that need numpy, so a missing extra is named
     from prorl_server.devllm.app import create_app
     from prorl_server.devllm.engine import DevEngine
 
     engine = DevEngine(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host=settings.host, port=settings.port, log_level=settings.log_level)
+    ready = (
+        f"prorl-server dev-llm ready: {engine.model_name} at http://{settings.host}:{settings.port}/v1 "
+        f"({settings.slots} slot(s), n_ctx {engine.n_ctx}, {settings.threads_per_slot()} thread(s) per slot, "
+        f"model {engine.model_path})"
     )
+    try:
+        serve_announcing(create_app(engine), settings.host, settings.port, settings.log_level, ready)
+    finally:
+        engine.close()
+
+
+def serve_announcing(app: Any, host: str, port: int, log_level: str, ready: str) -> None:
+    """Run `app` with uvicorn until SIGINT/SIGTERM, printing `ready` once the port accepts."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
 
     async def announce_when_started() -> None:
         while not server.started:
             if server.should_exit:
                 return
             await asyncio.sleep(0.05)
-        print(
-            f"prorl-server dev-llm ready: {engine.model_name} at http://{settings.host}:{settings.port}/v1 "
-            f"({settings.slots} slot(s), n_ctx {engine.n_ctx}, {settings.threads_per_slot()} thread(s) per slot, "
-            f"model {engine.model_path})",
-            flush=True,
-        )
+        print(ready, flush=True)
 
     async def run() -> None:
         announcer = asyncio.ensure_future(announce_when_started())
@@ -72,10 +79,7 @@ def serve(settings: DevLLMSettings) -> None:
         finally:
             announcer.cancel()
 
-    try:
-        asyncio.run(run())
-    finally:
-        engine.close()
+    asyncio.run(run())
 
 
 def run_from_args(args: argparse.Namespace) -> None:

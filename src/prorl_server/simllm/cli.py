@@ -7,7 +7,6 @@ simulator uses, need numpy); `serve` does.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from prorl_server.simllm.config import SimLLMSettings
@@ -65,36 +64,16 @@ def settings_from_args(args: argparse.Namespace) -> SimLLMSettings:
 
 def serve(settings: SimLLMSettings) -> None:
     """Serve until SIGINT/SIGTERM, and print one ready line once the port accepts."""
-    import uvicorn
-
+    from prorl_server.devllm.cli import serve_announcing
     from prorl_server.simllm.app import create_app
     from prorl_server.simllm.engine import SimEngine
 
-    engine = SimEngine(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host=settings.host, port=settings.port, log_level=settings.log_level)
+    ready = (
+        f"prorl-server sim-llm ready: {settings.model_name} at http://{settings.host}:{settings.port}/v1 "
+        f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.profile}, "
+        f"time scale {settings.time_scale:g}, seed {settings.seed})"
     )
-
-    async def announce_when_started() -> None:
-        while not server.started:
-            if server.should_exit:
-                return
-            await asyncio.sleep(0.05)
-        print(
-            f"prorl-server sim-llm ready: {settings.model_name} at http://{settings.host}:{settings.port}/v1 "
-            f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.profile}, "
-            f"time scale {settings.time_scale:g}, seed {settings.seed})",
-            flush=True,
-        )
-
-    async def run() -> None:
-        announcer = asyncio.ensure_future(announce_when_started())
-        try:
-            await server.serve()
-        finally:
-            announcer.cancel()
-
-    asyncio.run(run())
+    serve_announcing(create_app(SimEngine(settings)), settings.host, settings.port, settings.log_level, ready)
 
 
 def run_from_args(args: argparse.Namespace) -> None:
