@@ -115,3 +115,31 @@ class SlowStageHandler(AgentHandler):
     async def eval(self, ctx: JobContext) -> float:
         await asyncio.sleep(float(ctx.instance.get("eval_s", 0.0)))
         return 1.0
+
+
+class GatedHandler(AgentHandler):
+    """Up to `max_turns` turns; between turns it waits for the job's event in `proceed` (when there is one),
+    else sleeps `instance.tool_s` seconds (its "tool time")."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.proceed: dict[str, threading.Event] = {}
+
+    async def run(self, ctx: JobContext) -> None:
+        await ctx.llm.start([{"role": "user", "content": ctx.instance["question"]}])
+        turns = int(ctx.agent_config.get("max_turns", 1))
+        for turn in range(turns):
+            await ctx.llm.generate()
+            if turn + 1 == turns:
+                return
+            event = self.proceed.get(ctx.job_id)
+            if event is not None:
+                while not event.is_set():
+                    await asyncio.sleep(0.01)
+            else:
+                await asyncio.sleep(float(ctx.instance.get("tool_s", 0.0)))
+            await ctx.llm.add_messages([{"role": "user", "content": f"observation {turn}"}])
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0

@@ -11,46 +11,18 @@ import asyncio
 import threading
 
 import pytest
+from handlers_for_tests import GatedHandler
 from polling import wait_for
 from pydantic import ValidationError
 
 from prorl_server.cli import build_parser
 from prorl_server.config import DispatchPolicyName, PredictorName, ServerSettings
-from prorl_server.handlers import AgentHandler, JobContext
 from prorl_server.llm.admission import AdmissionGate, SlotState
 from prorl_server.scheduling import PREDICTORS
 from prorl_server.scheduling.dispatch import DISPATCH_POLICIES
 from prorl_server.testing import ScriptedReply
 
 HOLD = ScriptedReply(text="hold", delay_s=30)
-
-
-class GatedHandler(AgentHandler):
-    """Up to `max_turns` turns; between turns it waits for the job's event in `proceed` (when there is one),
-    else sleeps `instance.tool_s` seconds (its "tool time")."""
-
-    name = "gated"
-
-    def __init__(self) -> None:
-        self.proceed: dict[str, threading.Event] = {}
-
-    async def run(self, ctx: JobContext) -> None:
-        await ctx.llm.start([{"role": "user", "content": ctx.instance["question"]}])
-        turns = int(ctx.agent_config.get("max_turns", 1))
-        for turn in range(turns):
-            await ctx.llm.generate()
-            if turn + 1 == turns:
-                return
-            event = self.proceed.get(ctx.job_id)
-            if event is not None:
-                while not event.is_set():
-                    await asyncio.sleep(0.01)
-            else:
-                await asyncio.sleep(float(ctx.instance.get("tool_s", 0.0)))
-            await ctx.llm.add_messages([{"role": "user", "content": f"observation {turn}"}])
-
-    async def eval(self, ctx: JobContext) -> float:
-        return 1.0
 
 
 def start(start_server, backend, **settings):

@@ -9,17 +9,16 @@ policy decides where they run.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 
 import pytest
+from handlers_for_tests import GatedHandler
 from polling import wait_for
 from pydantic import ValidationError
 
 from prorl_server.api.state import ServerState
 from prorl_server.config import ServerSettings
-from prorl_server.handlers import AgentHandler, JobContext
 from prorl_server.llm.placement import POLICIES, interference_profile, make_policy
 from prorl_server.scheduling import placement_runtime
 from prorl_server.scheduling.partition import place
@@ -29,30 +28,6 @@ from prorl_server.simllm.profile import DEFAULT_PROFILE
 from prorl_server.testing import ScriptedReply
 
 LONG, SHORT = "the long task", "the short task"
-
-
-class GatedHandler(AgentHandler):
-    """Up to `max_turns` turns; between turns it waits for the job's event in `proceed`, if it has one."""
-
-    name = "gated"
-
-    def __init__(self) -> None:
-        self.proceed: dict[str, threading.Event] = {}
-
-    async def run(self, ctx: JobContext) -> None:
-        await ctx.llm.start([{"role": "user", "content": ctx.instance["question"]}])
-        turns = int(ctx.agent_config.get("max_turns", 1))
-        for turn in range(turns):
-            await ctx.llm.generate()
-            if turn + 1 == turns:
-                return
-            event = self.proceed.get(ctx.job_id)
-            while event is not None and not event.is_set():
-                await asyncio.sleep(0.01)
-            await ctx.llm.add_messages([{"role": "user", "content": f"observation {turn}"}])
-
-    async def eval(self, ctx: JobContext) -> float:
-        return 1.0
 
 
 def start(start_server, backends, **settings):
