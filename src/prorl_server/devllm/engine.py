@@ -29,7 +29,6 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from prorl_server.devllm.chat_template import TEMPLATE_KEY, ChatTemplate
 from prorl_server.devllm.config import DEFAULT_MODEL_FILE, DevLLMSettings
 from prorl_server.devllm.errors import DevLLMRequestError, MissingDependency, require_llama_cpp
 from prorl_server.devllm.sampler import Sampler, SamplingParams, log_softmax, top_logprobs
+from prorl_server.devllm.validation import check_model
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -302,8 +302,7 @@ class DevEngine:
 
     def check_model(self, model: str | None) -> None:
         """A request naming another model gets vLLM's 404."""
-        if model is not None and model != self.model_name:
-            raise DevLLMRequestError(f"The model `{model}` does not exist.", param="model", status=HTTPStatus.NOT_FOUND)
+        check_model(model, self.model_name)
 
     def tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
         """Text -> ids; special tokens written in the text become their ids (as Hugging Face does)."""

@@ -19,6 +19,7 @@ A wrong JSON type is caught before all of these by the wire models, as vLLM's py
 from __future__ import annotations
 
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 from prorl_server.devllm.errors import DevLLMRequestError, vllm_error
@@ -27,6 +28,12 @@ from prorl_server.devllm.sampler import SamplingParams
 
 PYDANTIC_ERROR_TYPE = "Bad Request"  # vLLM's `type` for a request its pydantic models reject
 NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """A request naming a model other than the one served gets vLLM's 404."""
+    if requested is not None and requested != served:
+        raise DevLLMRequestError(f"The model `{requested}` does not exist.", param="model", status=HTTPStatus.NOT_FOUND)
 
 
 def _check_common(body: SamplingFields) -> None:

@@ -162,17 +162,16 @@ class LLMSession:
 
     def view(self) -> TrajectoryView:
         """The trajectory as a scheduling policy sees it now (turns, and model and observation tokens)."""
-        traj = self.tokens.snapshot()
         if self._prompt_key is None:
-            self._prompt_key = prompt_key_of(traj.prompt_ids)
-        model_tokens = sum(traj.response_mask)
+            self._prompt_key = prompt_key_of(self.trajectory.prompt_ids)  # set once, before the first turn
+        prompt_len, turns, model_tokens, observation_tokens = self.tokens.counts()
         return TrajectoryView(
             data_source=self.data_source,
             prompt_key=self._prompt_key,
-            prompt_len=len(traj.prompt_ids),
-            turns=len(traj.turns),
+            prompt_len=prompt_len,
+            turns=turns,
             model_tokens=model_tokens,
-            observation_tokens=len(traj.response_mask) - model_tokens,
+            observation_tokens=observation_tokens,
         )
 
     async def start(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -198,7 +197,7 @@ class LLMSession:
             del params[key]
         prompt = self.token_ids
         self.telemetry.call_started()
-        priority = self.dispatch.priority(self._trajectory_seq, self.view()) if self.dispatch is not None else 0
+        priority = self.dispatch.priority(self._trajectory_seq, self.view) if self.dispatch is not None else 0
         if self.dispatch is not None and self.dispatch.sends_priority:
             params.setdefault("priority", priority)  # the trainer's own priority is sent as it is
 

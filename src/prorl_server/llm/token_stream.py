@@ -21,6 +21,7 @@ class TokenStream:
     def __init__(self, trajectory: Trajectory) -> None:
         self.trajectory = trajectory
         self._lock = threading.Lock()
+        self._model_tokens = sum(trajectory.response_mask)
 
     @property
     def started(self) -> bool:
@@ -50,6 +51,7 @@ class TokenStream:
             traj = self.trajectory
             traj.response_ids.extend(ids)
             traj.response_mask.extend([1] * len(ids))
+            self._model_tokens += len(ids)
             traj.response_logprobs.extend(logprobs)
             traj.turns.append(turn)
             traj.messages.append(message)
@@ -62,6 +64,17 @@ class TokenStream:
             traj.response_mask.extend([0] * len(ids))
             traj.response_logprobs.extend([0.0] * len(ids))
             traj.messages.extend(messages)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(prompt tokens, turns, model tokens, observation tokens) so far, without copying anything."""
+        with self._lock:
+            traj = self.trajectory
+            return (
+                len(traj.prompt_ids),
+                len(traj.turns),
+                self._model_tokens,
+                len(traj.response_ids) - self._model_tokens,
+            )
 
     def snapshot(self) -> Trajectory:
         """A consistent copy of the trajectory as it is now."""

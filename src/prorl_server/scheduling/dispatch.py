@@ -76,11 +76,12 @@ class DispatchPolicy:
         with self._lock:
             return next(self._trajectories)
 
-    def priority(self, trajectory_seq: int, view: TrajectoryView) -> int:
-        """The priority of a trajectory's next call, given its view so far."""
+    def priority(self, trajectory_seq: int, view: Callable[[], TrajectoryView]) -> int:
+        """The priority of a trajectory's next call; `view` gives its view so far (asked only by the policies
+        that predict)."""
         with self._lock:
             call_seq = next(self._calls)
-            return self._order(trajectory_seq, call_seq, lambda: self.predictor.predict(view).remaining_tokens)
+            return self._order(trajectory_seq, call_seq, lambda: self.predictor.predict(view()).remaining_tokens)
 
     def observe_finished(self, view: TrajectoryView) -> None:
         """Learn a finished trajectory's final view."""

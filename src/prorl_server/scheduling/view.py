@@ -9,6 +9,7 @@ tokens plus observation tokens (tool outputs), the prompt left out; a finished v
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,10 +48,7 @@ class Prediction:
 
 def prompt_key_of(prompt_ids: Sequence[int]) -> str:
     """A short digest of a prompt's token ids; the samples of one prompt get the same key."""
-    digest = hashlib.blake2b(digest_size=12)
-    for token in prompt_ids:
-        digest.update(token.to_bytes(8, "little", signed=True))
-    return digest.hexdigest()
+    return hashlib.blake2b(struct.pack(f"<{len(prompt_ids)}q", *prompt_ids), digest_size=12).hexdigest()
 
 
 def view_of(trajectory: Trajectory, data_source: str, finished: bool = False) -> TrajectoryView:

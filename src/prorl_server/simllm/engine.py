@@ -21,13 +21,12 @@ import heapq
 import itertools
 import time
 from dataclasses import dataclass, field
-from http import HTTPStatus
 
 from pydantic import BaseModel, Field
 
 from prorl_server.devllm.engine import EngineStats, Generation
-from prorl_server.devllm.errors import DevLLMRequestError
 from prorl_server.devllm.sampler import SamplingParams
+from prorl_server.devllm.validation import check_model
 from prorl_server.simllm.config import SimLLMSettings
 from prorl_server.simllm.outputs import request_rng, synthesize
 from prorl_server.simllm.prefix_cache import PrefixCache
@@ -134,8 +133,7 @@ class SimEngine:
 
     def check_model(self, model: str | None) -> None:
         """A request naming another model gets vLLM's 404."""
-        if model is not None and model != self.model_name:
-            raise DevLLMRequestError(f"The model `{model}` does not exist.", param="model", status=HTTPStatus.NOT_FOUND)
+        check_model(model, self.model_name)
 
     async def generate(
         self,
