@@ -184,11 +184,16 @@ async def test_waiting_requests_run_by_priority(start_sim):
 
 async def test_better_priority_preempts_the_worst_running(start_sim):
     sim = start_sim(time_scale=20.0, max_num_seqs=2)
-    prompt = list(range(300, 340))
     async with httpx.AsyncClient(base_url=sim.url, timeout=60, trust_env=False) as client:
-        low = [
+        low = [  # prompts of 41 tokens sharing no block, whichever arrives first
             asyncio.create_task(
-                complete_async(client, prompt=[*prompt, i], max_tokens=2000, ignore_eos=True, priority=10 + i)
+                complete_async(
+                    client,
+                    prompt=list(range(300 + 100 * i, 341 + 100 * i)),
+                    max_tokens=2000,
+                    ignore_eos=True,
+                    priority=10 + i,
+                )
             )
             for i in range(2)
         ]
