@@ -26,6 +26,9 @@ DispatchPolicyName = Literal["fcfs", "round_robin", "progressive", "srpt"]
 PredictorName = Literal["online", "source_mean", "none"]
 """Length predictors by name (scheduling.PREDICTORS)."""
 
+JournalSync = Literal["normal", "full"]
+"""SQLite `synchronous` modes of the results journal (journal/store.py says what each survives)."""
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
 
@@ -128,6 +131,23 @@ class ServerSettings(BaseModel):
     )
     result_retention_s: float = Field(
         default=3600.0, gt=0, description="Seconds an unacknowledged finished result stays retrievable."
+    )
+    journal: str | None = Field(
+        default=None,
+        description="SQLite file of the results journal (created if missing; on a local disk, one server per "
+        "file): jobs and finished results are written to it, and a server restarted on it after a crash serves "
+        "the unacknowledged results again. Default: no journal, results live in memory only.",
+    )
+    journal_sync: JournalSync = Field(
+        default="normal",
+        description="normal: a commit survives the server process being killed, not a power loss or OS crash; "
+        "full: also those, at one fsync per batch of writes.",
+    )
+    journal_compact_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds between compactions of the journal: results past --result-retention deleted, free "
+        "pages given back to the file system.",
     )
     health_check_interval_s: float = Field(default=10.0, gt=0, description="Seconds between backend health checks.")
     llm_request_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds one LLM request may take.")

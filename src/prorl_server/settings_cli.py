@@ -29,6 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "result_retention_s",
         "cancel_grace_s",
     ),
+    "results journal": ("journal", "journal_sync", "journal_compact_interval_s"),
     "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image"),
     "LLM backends": (
         "llm_servers",
@@ -77,6 +78,7 @@ METAVARS: dict[str, str] = {
     "judge_servers": "URL",
     "judge_model": "MODEL",
     "handlers": "[NAME=]MODULE:CLASS",
+    "journal": "PATH",
 }
 
 

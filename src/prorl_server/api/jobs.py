@@ -1,4 +1,8 @@
-"""Job routes: blocking `/process`, submit-and-poll `/jobs`, listing, acknowledgement, cancellation."""
+"""Job routes: blocking `/process`, submit-and-poll `/jobs`, listing, acknowledgement, cancellation.
+
+With a results journal, an answer that accepts a job, hands out a result or confirms an acknowledgement
+waits (without blocking the event loop) until that change is on disk: what a client was told survives a
+crash of the server."""
 
 from __future__ import annotations
 
@@ -35,19 +39,22 @@ JobIdPath = Annotated[str, Path(min_length=1, max_length=JOB_ID_MAX_CHARS)]
 async def process(request: Request) -> Response:
     """Run one job and return its result when it is terminal (the result is also kept for `GET /jobs`)."""
     body = await parse_body(request, ProcessRequest)
-    orchestrator = request.app.state.server.orchestrator
-    check_instance(orchestrator.registry, body.instance)
-    job = orchestrator.submit(body)
-    return model_response(await job.wait())
+    state: ServerState = request.app.state.server
+    check_instance(state.orchestrator.registry, body.instance)
+    job = state.orchestrator.submit(body)
+    result = await job.wait()
+    await state.durable()
+    return model_response(result)
 
 
 @router.post("/jobs", status_code=202, response_model=JobAccepted, openapi_extra=openapi_body(ProcessRequest))
 async def submit(request: Request) -> Response:
     """Queue a job and return its id at once."""
     body = await parse_body(request, ProcessRequest)
-    orchestrator = request.app.state.server.orchestrator
-    check_instance(orchestrator.registry, body.instance)
-    job = orchestrator.submit(body)
+    state: ServerState = request.app.state.server
+    check_instance(state.orchestrator.registry, body.instance)
+    job = state.orchestrator.submit(body)
+    await state.durable()
     return model_response(JobAccepted(job_id=job.id), status_code=202)
 
 
@@ -71,6 +78,7 @@ async def list_results(
             results, cursor = state.orchestrator.results.page(statuses, after, limit)
             remaining = deadline - time.monotonic()
             if results or remaining <= 0:
+                await state.durable()
                 return model_response(JobList(results=results, next_cursor=cursor))
             await state.signal.wait(remaining)
 
@@ -79,7 +87,9 @@ async def list_results(
 async def acknowledge(request: Request, state: State) -> AckResponse:
     """Drop stored results the trainer has safely received."""
     body = await parse_body(request, AckRequest)
-    return AckResponse(acknowledged=state.orchestrator.results.ack(body.job_ids, body.through))
+    acknowledged = state.orchestrator.results.ack(body.job_ids, body.through)
+    await state.durable()
+    return AckResponse(acknowledged=acknowledged)
 
 
 @router.get("/jobs/{job_id}", response_model=JobStatusResponse)
@@ -89,6 +99,8 @@ async def get_job(job_id: JobIdPath, state: State) -> Response:
     if found is None:
         raise HTTPException(404, f"no job {job_id!r} (never submitted, acknowledged, or past retention)")
     status, result = found
+    if result is not None:
+        await state.durable()
     return model_response(JobStatusResponse(job_id=job_id, status=status, result=result))
 
 

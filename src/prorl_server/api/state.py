@@ -13,6 +13,7 @@ from fastapi import Request
 
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
+from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
@@ -76,6 +77,7 @@ class ServerState:
     orchestrator: Orchestrator
     health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
     signal: ResultSignal = field(default_factory=ResultSignal)
+    journal: Journal | None = None
 
     @classmethod
     def build(
@@ -118,6 +120,7 @@ class ServerState:
             ),
         )
         state.orchestrator.results.on_put = state.signal.notify
+        state.journal = open_journal(settings, state.orchestrator)
         return state
 
     async def open(self) -> None:
@@ -129,17 +132,41 @@ class ServerState:
         self.health.submit(self.backends.health_loop(self.settings.health_check_interval_s))
         if self.settings.autostart:
             await asyncio.to_thread(self.orchestrator.start)
+        if self.journal is not None:
+            self.journal.requeue(self.orchestrator)
 
     async def close(self) -> None:
         """Stop the pipeline (cancelling live jobs) and the health checks."""
         await asyncio.to_thread(self.orchestrator.stop)
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.close)  # after stop: the results of cancelled jobs are written
         self.health.submit(self.backends.client.aclose_current_loop()).result(5)
         self.health.stop()
+
+    async def durable(self) -> None:
+        """With a journal: return once every change so far is on disk (a no-op without one)."""
+        if self.journal is not None:
+            await self.journal.durable()
 
     def probe_soon(self) -> None:
         """Run one health-check round now (after a registration)."""
         if self.health.alive:
             self.health.submit(self.backends.check_health())
+
+
+def open_journal(settings: ServerSettings, orchestrator: Orchestrator) -> Journal | None:
+    """The results journal of `--journal` (None without one), recovered into `orchestrator`; raises
+    JournalError when it cannot be used."""
+    if settings.journal is None:
+        return None
+    journal = Journal(
+        settings.journal,
+        retention_s=settings.result_retention_s,
+        sync=settings.journal_sync,
+        compact_interval_s=settings.journal_compact_interval_s,
+    )
+    journal.attach(orchestrator)
+    return journal
 
 
 def build_dispatch(settings: ServerSettings) -> DispatchPolicy:

@@ -34,7 +34,7 @@ from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
 from prorl_server.pipeline.stages import STAGES, Stage
-from prorl_server.pipeline.submission import FinishedJob, request_digest
+from prorl_server.pipeline.submission import AdmissionLog, FinishedJob, request_digest
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
     ErrorInfo,
@@ -73,6 +73,7 @@ class Orchestrator:
         self.sandboxes = sandboxes
         self.judge = judge  # the LLM judge EVAL reaches as ctx.judge (None: --judge-server not given)
         self.results = ResultStore(settings.result_retention_s)
+        self.journal: AdmissionLog | None = None  # told of every admitted job (the results journal)
         sizes = {Stage.INIT: settings.init_workers, Stage.RUN: settings.run_workers, Stage.EVAL: settings.eval_workers}
         self._handler_methods = HandlerMethodCache()
         self.pools = {
@@ -165,6 +166,8 @@ class Orchestrator:
                     return live
                 raise DuplicateJob(_different_request(job.id, "is in flight"))
             self._live[job.id] = job
+            if self.journal is not None:  # under the lock: before anything can end the job
+                self.journal.admitted(job.id, digest, request)
         self.pools[job.next_stage].put(job)
         return job
 

@@ -6,8 +6,19 @@ import bisect
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from prorl_server.protocol import JobResult, JobStatus
+
+
+class ResultLog(Protocol):
+    """Where the store reports its changes (the results journal), in the order they happen."""
+
+    def stored(self, seq: int, result: JobResult, request_digest: str) -> None:
+        """A result was stored under cursor `seq`."""
+
+    def removed(self, seqs: list[int]) -> None:
+        """Results were acknowledged."""
 
 
 class ResultStore:
@@ -28,6 +39,7 @@ class ResultStore:
         self._digests: dict[str, str] = {}  # job id -> digest of the request that produced the stored result
         self._by_job: dict[str, int] = {}
         self.on_put: Callable[[], None] | None = None
+        self.log: ResultLog | None = None  # told of every put and ack under the store's lock (their order)
 
     def put(self, result: JobResult, request_digest: str = "") -> int:
         """Store a result (replacing an older one of the same job id) with the digest of the request that
@@ -43,9 +55,23 @@ class ResultStore:
             self._entries[seq] = (result, self._clock())
             self._by_job[result.job_id] = seq
             self._digests[result.job_id] = request_digest
+            if self.log is not None:
+                self.log.stored(seq, result, request_digest)
         if self.on_put is not None:
             self.on_put()
         return seq
+
+    def restore(self, entries: Iterable[tuple[int, JobResult, str, float]], next_seq: int) -> None:
+        """Put back results kept across a restart, as (seq, result, request digest, age in seconds), in seq
+        order; cursors continue from `next_seq`. Their retention counts from when they were first stored."""
+        with self._lock:
+            now = self._clock()
+            for seq, result, digest, age_s in entries:
+                self._seqs.append(seq)
+                self._entries[seq] = (result, now - age_s)
+                self._by_job[result.job_id] = seq
+                self._digests[result.job_id] = digest
+            self._next_seq = max(self._next_seq, next_seq)
 
     def get(self, job_id: str) -> JobResult | None:
         """The stored result of a job, if still held."""
@@ -83,22 +109,24 @@ class ResultStore:
 
     def ack(self, job_ids: Iterable[str] = (), through: int | None = None) -> int:
         """Drop results by job id and/or every result up to cursor `through`; returns how many."""
-        removed = 0
+        removed: list[int] = []
         with self._lock:
             for job_id in job_ids:
                 seq = self._by_job.pop(job_id, None)
                 self._digests.pop(job_id, None)
                 if seq is not None and self._entries.pop(seq, None) is not None:
-                    removed += 1
+                    removed.append(seq)
             if through is not None:
                 for seq in self._seqs[: bisect.bisect_right(self._seqs, through)]:
                     entry = self._entries.pop(seq, None)
                     if entry is not None:
                         self._by_job.pop(entry[0].job_id, None)
                         self._digests.pop(entry[0].job_id, None)
-                        removed += 1
+                        removed.append(seq)
             self._compact_locked()
-        return removed
+            if removed and self.log is not None:
+                self.log.removed(removed)
+        return len(removed)
 
     def __len__(self) -> int:
         with self._lock:

@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -87,6 +87,13 @@ def request_digest(request: ProcessRequest) -> str:
     """A digest of everything a request asks for (key order does not matter)."""
     canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class AdmissionLog(Protocol):
+    """Where the orchestrator reports each admitted job (the results journal)."""
+
+    def admitted(self, job_id: str, digest: str, request: ProcessRequest) -> None:
+        """A job was admitted under `job_id`."""
 
 
 @dataclass(frozen=True)

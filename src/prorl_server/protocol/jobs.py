@@ -69,6 +69,11 @@ class ProcessRequest(BaseModel):
     stale_policy: StalePolicy | None = Field(
         default=None, description='"end" (status stale) or "continue" past max_staleness (default: the server\'s).'
     )
+    requeue_on_restart: bool = Field(
+        default=False,
+        description="With a journal (--journal): if the server dies while this job is in flight, run it again "
+        "after the restart instead of failing it with error type ServerRestarted.",
+    )
 
 
 class TurnRecord(BaseModel):

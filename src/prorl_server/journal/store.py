@@ -1,0 +1,213 @@
+"""JournalStore: the SQLite file of the results journal (WAL mode): its schema, recovery reads and writes.
+
+Tables: `jobs` holds each admitted job that has no result yet (its request, to fail or re-queue it after a
+crash); `results` each stored, unacknowledged result under its cursor `seq`; `meta` the next cursor, so
+cursors continue across restarts even after every result was acknowledged.
+
+Durability: WAL with `synchronous=NORMAL` (default) writes each commit to the WAL file without an fsync; a
+killed process (kill -9, OOM, segfault) loses nothing committed, since the operating system still has the
+pages; an OS crash or power loss may lose the last commits (the database stays consistent). `FULL` also
+fsyncs every commit, which survives power loss too, at the cost of one fsync per batch of writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from prorl_server.config import JournalSync
+from prorl_server.journal.errors import JournalError
+from prorl_server.protocol import JobResult, ProcessRequest
+
+APPLICATION_ID = 0x70726C6A  # "prlj": marks the file as a prorl-server journal
+SCHEMA_VERSION = 1
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, digest TEXT NOT NULL, request TEXT NOT NULL, requeue INTEGER NOT NULL,
+    submitted_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+    seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL, result TEXT NOT NULL,
+    stored_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS results_stored_at ON results (stored_at);
+"""
+
+
+@dataclass(frozen=True)
+class KeptResult:
+    """A result found in the journal: its cursor, the result, its request's digest and its age."""
+
+    seq: int
+    result: JobResult
+    digest: str
+    age_s: float
+
+
+@dataclass(frozen=True)
+class InFlightJob:
+    """A job admitted before the restart that had no result: its request, with its job id."""
+
+    request: ProcessRequest
+    digest: str
+    requeue: bool
+    submitted_at: float  # Unix time
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a journal held at start: results to serve again, the next cursor, and jobs that were in flight."""
+
+    results: list[KeptResult]
+    next_seq: int
+    in_flight: list[InFlightJob]
+
+
+class JournalStore:
+    """One SQLite connection, used by one thread at a time (recovery, then the writer thread)."""
+
+    def __init__(self, path: Path, sync: JournalSync = "normal") -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(f"cannot open the journal {path}: {_reason(exc)}") from exc
+        try:
+            self._setup(sync)
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise JournalError(
+                f"cannot use the journal {path}: {_reason(exc)}. If the file is corrupt or not a journal, move it "
+                "(and its -wal and -shm files) aside to start a new one, or give another --journal"
+            ) from exc
+
+    def _setup(self, sync: JournalSync) -> None:
+        db = self._db
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+        if tables and app_id != APPLICATION_ID:
+            raise JournalError(
+                f"{self.path} is an SQLite database but not a prorl-server journal; give --journal another path"
+            )
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"the journal {self.path} was written by a newer prorl-server (schema {version}, this one reads "
+                f"{SCHEMA_VERSION}); upgrade, or give another --journal"
+            )
+        if not tables:
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before the first table: lets compaction shrink the file
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise JournalError(f"the journal {self.path} cannot use WAL mode (got {mode!r}); use a local file system")
+        db.execute(f"PRAGMA synchronous = {sync.upper()}")
+        db.execute("BEGIN IMMEDIATE")  # a write: an unwritable journal fails here, at start
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', 1)")
+        db.execute("COMMIT")
+
+    # recovery --------------------------------------------------------------------------------------
+
+    def recover(self, retention_s: float) -> Recovered:
+        """Drop results past retention, then read what is left and the jobs that were in flight."""
+        now = time.time()
+        try:
+            self._db.execute("DELETE FROM results WHERE stored_at <= ?", (now - retention_s,))
+            next_seq = self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()[0]
+            results = [
+                KeptResult(seq, _parse(JobResult, text, f"result {seq}", self.path), digest, max(0.0, now - stored))
+                for seq, text, digest, stored in self._db.execute(
+                    "SELECT seq, result, digest, stored_at FROM results ORDER BY seq"
+                )
+            ]
+            in_flight = [
+                InFlightJob(
+                    _parse(ProcessRequest, text, f"job {job_id!r}", self.path).model_copy(update={"job_id": job_id}),
+                    digest,
+                    bool(requeue),
+                    submitted,
+                )
+                for job_id, text, digest, requeue, submitted in self._db.execute(
+                    "SELECT job_id, request, digest, requeue, submitted_at FROM jobs "
+                    "WHERE job_id NOT IN (SELECT job_id FROM results) ORDER BY submitted_at"
+                )
+            ]
+        except sqlite3.Error as exc:
+            raise JournalError(
+                f"cannot read the journal {self.path}: {_reason(exc)}. If it is corrupt, move it (and its -wal and "
+                "-shm files) aside to start a new one, or give another --journal"
+            ) from exc
+        last = results[-1].seq if results else 0
+        return Recovered(results, max(next_seq, last + 1), in_flight)
+
+    # writes (one transaction per batch) ------------------------------------------------------------
+
+    def begin(self) -> None:
+        self._db.execute("BEGIN")
+
+    def commit(self) -> None:
+        self._db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def add_job(self, job_id: str, digest: str, request: str, requeue: bool) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", (job_id, digest, request, int(requeue), time.time())
+        )
+
+    def add_result(self, seq: int, job_id: str, digest: str, result: str) -> None:
+        self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+        self._db.execute(
+            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)", (seq, job_id, digest, result, time.time())
+        )
+
+    def set_next_seq(self, next_seq: int) -> None:
+        self._db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_seq'", (next_seq,))
+
+    def remove_results(self, seqs: Iterable[int]) -> None:
+        self._db.executemany("DELETE FROM results WHERE seq = ?", ((seq,) for seq in seqs))
+
+    def compact(self, retention_s: float) -> int:
+        """Delete results past retention, give free pages back to the file system, truncate the WAL; returns
+        how many results were deleted."""
+        deleted = self._db.execute("DELETE FROM results WHERE stored_at <= ?", (time.time() - retention_s,)).rowcount
+        self._db.execute("PRAGMA incremental_vacuum")
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return deleted
+
+    def counts(self) -> tuple[int, int]:
+        """(results, in-flight jobs) in the journal."""
+        results = self._db.execute("SELECT count(*) FROM results").fetchone()[0]
+        jobs = self._db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        return results, jobs
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _parse(model: type[ModelT], text: str, what: str, path: Path) -> ModelT:
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise JournalError(f"the journal {path} holds an unreadable {what}: {exc.errors()[0]['msg']}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

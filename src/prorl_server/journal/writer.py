@@ -1,0 +1,199 @@
+"""JournalWriter: the one thread that writes the journal, so the event loop and the stage threads never wait
+for the disk.
+
+Callers enqueue changes (a job admitted, a result stored, results acknowledged) in the order they happen;
+the thread takes whatever has queued up and commits it in one transaction (group commit: under load, one
+commit covers many changes). `durable()` lets a request wait, without blocking its event loop, until every
+change made before it is committed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from prorl_server.journal.store import JournalStore
+from prorl_server.protocol import JobResult, ProcessRequest
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 2048
+"""Changes per transaction, at most."""
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    job_id: str
+    digest: str
+    request: ProcessRequest
+
+
+@dataclass(frozen=True)
+class _Stored:
+    seq: int
+    result: JobResult
+    digest: str
+
+
+@dataclass(frozen=True)
+class _Removed:
+    seqs: list[int]
+
+
+@dataclass(frozen=True)
+class _Barrier:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+_STOP = object()
+
+
+class JournalWriter:
+    """Writes queued changes to a JournalStore from its own thread; compacts the store every
+    `compact_interval_s` (results past `retention_s` deleted, free pages given back)."""
+
+    def __init__(self, store: JournalStore, retention_s: float, compact_interval_s: float) -> None:
+        self._store = store
+        self._retention_s = retention_s
+        self._compact_interval_s = compact_interval_s
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._count_lock = threading.Lock()
+        self._enqueued = 0  # changes queued so far
+        self._written = 0  # changes committed (or given up on after a write error) so far
+        self._failing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="prorl-journal", daemon=True)
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    # changes (any thread) -------------------------------------------------------------------------
+
+    def admitted(self, job_id: str, digest: str, request: ProcessRequest) -> None:
+        """A job was admitted: keep its request until it has a result."""
+        self._put(_Admitted(job_id, digest, request))
+
+    def stored(self, seq: int, result: JobResult, request_digest: str) -> None:
+        """A result was stored under cursor `seq` (it replaces the job's in-flight entry)."""
+        self._put(_Stored(seq, result, request_digest))
+
+    def removed(self, seqs: list[int]) -> None:
+        """Results were acknowledged."""
+        self._put(_Removed(seqs))
+
+    def _put(self, change: object) -> None:
+        with self._count_lock:
+            if self._closed:
+                return
+            self._enqueued += 1
+            self._queue.put(change)
+
+    async def durable(self) -> None:
+        """Return once every change queued before this call is committed (at once if there is none)."""
+        if self._written >= self._enqueued:
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._count_lock:
+            if self._closed:  # close() writes everything queued before it returns
+                return
+            self._queue.put(_Barrier(loop, future))
+        await future
+
+    # the writer thread ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write everything queued, then stop the thread (idempotent)."""
+        with self._count_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        next_compaction = time.monotonic() + self._compact_interval_s
+        stop = False
+        while not stop:
+            timeout = max(0.0, next_compaction - time.monotonic())
+            try:
+                batch = [self._queue.get(timeout=timeout)]
+            except queue.Empty:
+                batch = []
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(change is _STOP for change in batch)
+            changes = [c for c in batch if not isinstance(c, _Barrier) and c is not _STOP]
+            if changes:
+                self._write(changes)
+            self._release([c for c in batch if isinstance(c, _Barrier)])
+            if time.monotonic() >= next_compaction:
+                self._compact()
+                next_compaction = time.monotonic() + self._compact_interval_s
+
+    def _write(self, changes: list[object]) -> None:
+        store = self._store
+        try:
+            store.begin()
+            top = 0
+            for change in changes:
+                if isinstance(change, _Stored):
+                    result = change.result
+                    store.add_result(change.seq, result.job_id, change.digest, result.model_dump_json())
+                    top = max(top, change.seq)
+                elif isinstance(change, _Admitted):
+                    request = change.request
+                    store.add_job(change.job_id, change.digest, request.model_dump_json(), request.requeue_on_restart)
+                elif isinstance(change, _Removed):
+                    store.remove_results(change.seqs)
+            if top:
+                store.set_next_seq(top + 1)
+            store.commit()
+            if self._failing:
+                log.warning("the journal %s is written again", store.path)
+                self._failing = False
+        except Exception:
+            store.rollback()
+            if not self._failing:  # once per outage, not once per batch
+                log.exception(
+                    "cannot write the journal %s: %d changes are kept in memory only (a crash now loses them)",
+                    store.path,
+                    len(changes),
+                )
+                self._failing = True
+        self._written += len(changes)
+
+    def _release(self, barriers: list[_Barrier]) -> None:
+        """Wake the waiters of `durable()`: one hop per event loop, however many wait on it."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = defaultdict(list)
+        for barrier in barriers:
+            by_loop[barrier.loop].append(barrier.future)
+        for loop, futures in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve_all, futures)
+
+    def _compact(self) -> None:
+        try:
+            deleted = self._store.compact(self._retention_s)
+        except Exception:
+            log.exception("compacting the journal %s failed; trying again later", self._store.path)
+            return
+        if deleted:
+            log.info("journal: %d results past retention deleted", deleted)
+
+
+def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
