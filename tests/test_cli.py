@@ -12,23 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
+from serve_process import start_serve, stop, wait_healthy
 
 from prorl_server.cli import API_KEY_ENV, reachable_beyond_loopback
 from prorl_server.testing.uvicorn_thread import free_port
 
 HERE = Path(__file__).parent
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise TimeoutError("server did not become healthy")
 
 
 def test_serve_runs_jobs_and_sigterm_cancels_in_flight_then_exits(backend):
@@ -82,33 +71,6 @@ def test_serve_exits_with_a_clear_message_on_a_bad_handler():
     )
     assert done.returncode != 0
     assert "cannot import 'nosuchmod'" in done.stderr
-
-
-def start_serve(tmp_path: Path, env: dict[str, str], *options: str) -> tuple[subprocess.Popen, str, Path]:
-    """`prorl-server serve` on a free port with stderr to a file; returns the process, its URL and the log."""
-    port = free_port()
-    exe = shutil.which("prorl-server") or str(Path(sys.executable).parent / "prorl-server")
-    log = tmp_path / f"serve-{port}.log"
-    cmd = [exe, "serve", "--port", str(port), "--no-entry-points", "--runtime", "local", "--log-level", "warning"]
-    with log.open("w") as err:
-        proc = subprocess.Popen([*cmd, *options], stderr=err, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return proc, url, log
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def test_serve_takes_the_api_key_from_the_environment_and_requires_it(tmp_path, backend):

@@ -12,6 +12,7 @@ fsyncs every commit, which survives power loss too, at the cost of one fsync per
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -80,6 +81,8 @@ class JournalStore:
         self.path = path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # owner-only: it holds prompts and trajectories (SQLite gives its -wal and -shm files the same mode)
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"cannot open the journal {path}: {_reason(exc)}") from exc

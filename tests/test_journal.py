@@ -1,0 +1,213 @@
+"""The results journal: a server killed with kill -9 comes back with its unacknowledged results under their
+cursors, fails (or re-queues) the jobs it had in flight, keeps acknowledgements and retention, refuses a
+second server on the same journal, and refuses a corrupt journal with a clear message."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from polling import wait_for
+from serve_process import serve_executable, start_serve, stop
+
+from prorl_server.api import ServerState
+from prorl_server.config import ServerSettings
+from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
+from prorl_server.testing.uvicorn_thread import free_port
+
+HERE = Path(__file__).parent
+JOB = {"instance": {"data_source": "multiturn", "question": "q"}}
+
+
+def submit(http: httpx.Client, job_id: str, **extra) -> None:
+    response = http.post("/jobs", json={**JOB, "job_id": job_id, **extra})
+    assert response.status_code == 202, response.text
+
+
+def finished(http: httpx.Client, job_id: str, timeout: float = 30.0) -> dict:
+    found: dict = {}
+
+    def done() -> bool:
+        found["r"] = http.get(f"/jobs/{job_id}").json()["result"]
+        return found["r"] is not None
+
+    wait_for(done, timeout, f"job {job_id} finished")
+    return found["r"]
+
+
+def cursors(http: httpx.Client, after: int = 0) -> list[tuple[str, int]]:
+    """(job id, cursor) of every stored result after `after`, in completion order."""
+    out = []
+    while True:
+        page = http.get("/jobs", params={"after": after, "limit": 1}).json()
+        if not page["results"]:
+            return out
+        after = page["next_cursor"]
+        out.append((page["results"][0]["job_id"], after))
+
+
+def rows(journal: Path, table: str) -> int:
+    with sqlite3.connect(journal) as db:
+        return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_kill_9_keeps_results_and_cursors_fails_in_flight_jobs_and_requeues_on_request(tmp_path, backend):
+    journal = tmp_path / "journal.sqlite3"
+    options = (
+        "--journal", str(journal), "--llm-server", backend.address,
+        "--handler", f"{HERE / 'handlers_for_tests.py'}:MultiTurnChatHandler",
+    )  # fmt: skip
+    proc, url, _ = start_serve(tmp_path, None, *options)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            for job_id in ("a", "b", "c"):
+                submit(http, job_id)
+            before = {job_id: finished(http, job_id) for job_id in ("a", "b", "c")}
+            assert all(r["status"] == "completed" for r in before.values())
+            order = cursors(http)
+            assert http.post("/jobs/ack", json={"job_ids": ["a"]}).json() == {"acknowledged": 1}
+            backend.double.default_delay_s = 60  # the next jobs stay in RUN, waiting for the model
+            submit(http, "lost")
+            submit(http, "again", requeue_on_restart=True)
+            wait_for(lambda: sum(r.outcome == "running" for r in backend.double.requests) == 2, 20, "both jobs in RUN")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    backend.double.default_delay_s = 0
+
+    proc, url, log = start_serve(tmp_path, None, *options)
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get("/jobs/a").status_code == 404  # acknowledged before the crash: stays gone
+            for job_id in ("b", "c"):
+                assert http.get(f"/jobs/{job_id}").json()["result"] == before[job_id]
+            last = order[-1][1]
+            kept = [(job_id, cursor) for job_id, cursor in order if job_id != "a"]
+            assert cursors(http)[:2] == kept  # the same results under the same cursors
+            lost = finished(http, "lost")
+            assert lost["status"] == "failed" and lost["error"]["type"] == RESTART_ERROR_TYPE
+            assert "killed" in lost["error"]["message"] and "requeue_on_restart" in lost["error"]["message"]
+            again = finished(http, "again")
+            assert again["status"] == "completed" and again["trajectory"]["turns"], again
+            after_restart = cursors(http, after=last)
+            assert sorted(job_id for job_id, _ in after_restart) == ["again", "lost"]
+            assert all(cursor > last for _, cursor in after_restart)  # cursors continue, they do not restart at 1
+            submit(http, "b")  # the same request again: the stored result, not a second run
+            assert http.get("/jobs/b").json()["result"] == before["b"]
+    finally:
+        stop(proc)
+    assert "Traceback" not in log.read_text()
+
+
+def test_acknowledgements_and_retention_persist_across_a_restart(tmp_path, start_server, backend):
+    journal = tmp_path / "journal.sqlite3"
+    server = start_server([backend.address], journal=str(journal))
+    for job_id in ("x", "y", "z"):
+        submit(server.http, job_id)
+        finished(server.http, job_id)
+    order = cursors(server.http)
+    assert server.http.post("/jobs/ack", json={"through": order[0][1]}).json() == {"acknowledged": 1}
+    assert server.http.post("/jobs/ack", json={"job_ids": [order[1][0]]}).json() == {"acknowledged": 1}
+    server.server.stop()
+
+    server = start_server([backend.address], journal=str(journal))
+    assert cursors(server.http) == order[2:]
+    submit(server.http, "w")
+    finished(server.http, "w")
+    assert cursors(server.http, after=order[2][1])[0][1] > order[2][1]
+    server.server.stop()
+    assert rows(journal, "results") == 2 and rows(journal, "jobs") == 0
+    assert {path.stat().st_mode & 0o777 for path in tmp_path.glob("journal.sqlite3*")} == {0o600}
+
+    time.sleep(0.6)  # let both results pass a retention of 0.5 s
+    server = start_server([backend.address], journal=str(journal), result_retention_s=0.5)
+    assert cursors(server.http) == []
+    assert rows(journal, "results") == 0  # expired rows are deleted, not only hidden
+    server.server.stop()
+
+
+def test_compaction_deletes_expired_results_while_the_server_runs(tmp_path, start_server, backend):
+    journal = tmp_path / "journal.sqlite3"
+    server = start_server(
+        [backend.address], journal=str(journal), result_retention_s=0.3, journal_compact_interval_s=0.1
+    )
+    submit(server.http, "old")
+    finished(server.http, "old")
+    wait_for(lambda: rows(journal, "results") == 1, 10, "the result written")
+    wait_for(lambda: rows(journal, "results") == 0, 10, "the expired result deleted by compaction")
+
+
+def test_a_second_server_on_the_same_journal_refuses_to_start(tmp_path, start_server):
+    journal = tmp_path / "journal.sqlite3"
+    start_server(journal=str(journal))
+    done = subprocess.run(
+        [serve_executable(), "serve", "--port", str(free_port()), "--no-entry-points", "--journal", str(journal)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert f"the journal {journal} is in use by another prorl-server (pid {os.getpid()}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"this is not a database\n" * 200, "file is not a database"),
+        (None, "not a prorl-server journal"),
+    ],
+)
+def test_a_corrupt_or_foreign_journal_is_a_clear_start_up_error(tmp_path, content, says):
+    journal = tmp_path / "journal.sqlite3"
+    if content is None:
+        with sqlite3.connect(journal) as db:
+            db.execute("CREATE TABLE other (x)")
+    else:
+        journal.write_bytes(content)
+    done = subprocess.run(
+        [serve_executable(), "serve", "--port", str(free_port()), "--no-entry-points", "--journal", str(journal)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("prorl-server: ") and says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_journal_that_cannot_be_created_is_refused_and_its_lock_released(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(JournalError, match="cannot create the journal's lock file"):
+        ServerState.build(ServerSettings(journal=str(blocker / "journal.sqlite3"), entry_point_handlers=False))
+    journal = tmp_path / "journal.sqlite3"
+    journal.write_bytes(b"garbage" * 1000)
+    with pytest.raises(JournalError, match="move it"):
+        ServerState.build(ServerSettings(journal=str(journal), entry_point_handlers=False))
+    journal.unlink()  # moved aside: the same path now works (the failed attempt left no lock behind)
+    state = ServerState.build(ServerSettings(journal=str(journal), entry_point_handlers=False))
+    assert state.journal is not None
+    state.journal.close()
+
+
+def test_a_group_posted_again_after_a_restart_reuses_its_members_results(tmp_path, start_server, backend):
+    journal = tmp_path / "journal.sqlite3"
+    group = {**JOB, "n": 2, "group_id": "g"}
+    server = start_server([backend.address], journal=str(journal))
+    first = server.http.post("/groups", json=group).json()
+    assert first["status"] == "completed"
+    server.server.stop()
+    calls = len(backend.double.requests)
+
+    server = start_server([backend.address], journal=str(journal))
+    assert server.http.get("/groups/g").status_code == 404  # groups themselves are not journaled
+    again = server.http.post("/groups", json=group).json()
+    assert again["status"] == "completed" and again["results"] == first["results"]
+    assert len(backend.double.requests) == calls  # no member ran again
