@@ -50,6 +50,16 @@ Part 2 - pipeline vs single pool
       resource, so N = min(I, E). This is where sizing each stage to its own resource pays: RUN gets
       R workers instead of min(I, E).
 
+Part 3 - results journal on vs off
+    The no-op workload of part 1 (POST /process) through a server without a journal ("off") and one with
+    `--journal` on a fresh file in a temporary directory ("on", `--journal-sync normal`), same client,
+    same run, interleaved `--journal-rounds` times (off, on, off, on, ...) so that drift in the machine's
+    load hits both alike; each mode's figure is the median over its rounds. Each run: `--latency-jobs`
+    one at a time, then `--journal-jobs` at `--concurrency`, each result padded with an artifact of
+    `--journal-payload-bytes` (a trajectory stand-in: the journal writes every result). With the journal,
+    every /process answer waits until its result is committed, and the writer thread's CPU counts in the
+    server's CPU per job. The hot-path cost is reported as percentages: jobs/s lost and CPU per job added.
+
 JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
 
     {
@@ -85,6 +95,18 @@ JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
         },
         "speedup_vs_single_pool", "speedup_vs_single_pool_capped"   # pipeline jobs/s / design jobs/s
       },
+      "journal": {                                       # absent with --skip-journal
+        "rounds", "jobs", "latency_jobs", "concurrency", "payload_bytes", "sync": "normal",
+        "off" | "on": {"jobs_per_s", "server_cpu_us_per_job", "latency_p50_ms", "latency_p99_ms",  # c=1
+                       "errors",                                                              # all rounds
+                       "runs": [{"jobs_per_s", "server_cpu_us_per_job", "latency_p50_ms",
+                                 "latency_p99_ms", "errors", "first_error"}]},               # per round
+        "throughput_cost_pct": 100 * (1 - on jobs/s / off jobs/s),
+        "cpu_cost_pct": 100 * (on CPU per job / off CPU per job - 1),
+        "latency_p50_added_ms": on latency p50 - off latency p50 (one job at a time),
+        "journal_results": result rows in the last "on" journal after its server stopped (every job's),
+        "journal_bytes": that journal's file size
+      },
       "checks": [{"metric", "value", "baseline", "target", "pass"}],  # the summary table; pass is
                                                                      # true/false, or null without target
       "failures": {part: error message}               # parts that could not run (normally empty)
@@ -106,8 +128,10 @@ import multiprocessing.connection
 import os
 import platform
 import random
+import sqlite3
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -130,6 +154,7 @@ HOST = "127.0.0.1"
 TARGET_JOBS_PER_S = 1000.0
 TARGET_ADDED_P50_MS = 2.0
 TARGET_SPEEDUP = 2.0
+TARGET_JOURNAL_COST_PCT = 5.0
 
 # ------------------------------------------------------------------------------------------------
 # Load generator (runs in its own process)
@@ -365,7 +390,8 @@ class BackendProcess:
 
 
 class NoOpHandler(AgentHandler):
-    """Every stage returns at once; reward 1."""
+    """Every stage returns at once; reward 1. With `instance["payload_bytes"]`, the result carries an
+    artifact of that many characters (a stand-in for a trajectory)."""
 
     name = "bench_noop"
 
@@ -375,7 +401,9 @@ class NoOpHandler(AgentHandler):
 
     async def run(self, ctx: JobContext) -> None:
         """No agent loop."""
-        return None
+        payload = int(ctx.instance.get("payload_bytes", 0))
+        if payload:
+            ctx.artifacts["payload"] = "x" * payload
 
     async def eval(self, ctx: JobContext) -> float:
         """Always 1."""
@@ -725,6 +753,81 @@ def part_overhead(args: argparse.Namespace, client: LoadClient, backend: Backend
 
 
 # ------------------------------------------------------------------------------------------------
+# Part 3: results journal on vs off
+# ------------------------------------------------------------------------------------------------
+
+
+def _journal_run(
+    args: argparse.Namespace, client: LoadClient, backend: BackendProcess, journal: Path | None
+) -> dict[str, Any]:
+    """One server (with `journal`, or without one): latency one job at a time, then throughput."""
+    handler = NoOpHandler()
+    settings = {"journal": str(journal)} if journal is not None else {}
+    instance = {"data_source": handler.name, "prompt": "x" * 32, "payload_bytes": args.journal_payload_bytes}
+    expect = b'"status":"completed"'
+    with prorl_server({handler.name: handler}, backend.address, **settings) as server:
+        request = encode_post(server.port, "/process", {"instance": instance})
+        spec = LoadSpec(server.port, [request] * args.latency_jobs, 1, [request] * 50, expect=expect)
+        latency, _ = client.run(spec, args.timeout)
+        spec = LoadSpec(
+            server.port, [request] * args.journal_jobs, args.concurrency, [request] * args.warmup, expect=expect
+        )
+        result, cpu = client.run(spec, args.timeout)
+    figures = _throughput_figures(result, cpu, args.concurrency)
+    return {
+        "jobs_per_s": figures["jobs_per_s"],
+        "server_cpu_us_per_job": figures["server_cpu_us_per_job"],
+        "latency_p50_ms": percentile_ms(latency.latencies, 50),
+        "latency_p99_ms": percentile_ms(latency.latencies, 99),
+        "errors": latency.errors + result.errors,
+        "first_error": latency.first_error or result.first_error,
+    }
+
+
+def part_journal(args: argparse.Namespace, client: LoadClient, backend: BackendProcess) -> dict[str, Any]:
+    """Part 3: the no-op workload without and with a results journal, interleaved rounds, same client."""
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory(prefix="bench-journal-") as tmp:
+        journal = Path(tmp) / "journal.sqlite3"
+        for round_ in range(args.journal_rounds):
+            for mode in ("off", "on"):
+                print(f"  part 3: journal {mode}, round {round_ + 1} of {args.journal_rounds} ...", flush=True)
+                if mode == "on":
+                    for path in Path(tmp).iterdir():  # a fresh journal each round
+                        path.unlink()
+                runs[mode].append(_journal_run(args, client, backend, journal if mode == "on" else None))
+        with sqlite3.connect(journal) as db:
+            rows = db.execute("SELECT count(*) FROM results").fetchone()[0]
+        size = journal.stat().st_size
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs[mode])
+
+    out: dict[str, Any] = {
+        "rounds": args.journal_rounds,
+        "jobs": args.journal_jobs,
+        "latency_jobs": args.latency_jobs,
+        "concurrency": args.concurrency,
+        "payload_bytes": args.journal_payload_bytes,
+        "sync": "normal",
+    }
+    for mode in ("off", "on"):
+        out[mode] = {
+            key: median(mode, key)
+            for key in ("jobs_per_s", "server_cpu_us_per_job", "latency_p50_ms", "latency_p99_ms")
+        }
+        out[mode]["errors"] = sum(run["errors"] for run in runs[mode])
+        out[mode]["runs"] = runs[mode]
+    off, on = out["off"], out["on"]
+    out["throughput_cost_pct"] = 100 * (1 - on["jobs_per_s"] / off["jobs_per_s"])
+    out["cpu_cost_pct"] = 100 * (on["server_cpu_us_per_job"] / off["server_cpu_us_per_job"] - 1)
+    out["latency_p50_added_ms"] = on["latency_p50_ms"] - off["latency_p50_ms"]
+    out["journal_results"] = rows
+    out["journal_bytes"] = size
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------
 
@@ -798,6 +901,34 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                     speedup >= TARGET_SPEEDUP and ok,
                 )
             )
+    journal = report.get("journal")
+    if journal:
+        off, on = journal["off"], journal["on"]
+        ok = off["errors"] == 0 and on["errors"] == 0
+        c = journal["concurrency"]
+        rows += [
+            check(
+                f"journal on: jobs/s, c={c} (cost)",
+                f"{on['jobs_per_s']:,.0f}/s ({journal['throughput_cost_pct']:+.1f}%)",
+                f"off {off['jobs_per_s']:,.0f}/s",
+                f"cost <= {TARGET_JOURNAL_COST_PCT:g}%",
+                journal["throughput_cost_pct"] <= TARGET_JOURNAL_COST_PCT and ok,
+            ),
+            check(
+                "journal on: server CPU per job (cost)",
+                f"{on['server_cpu_us_per_job']:,.0f} us ({journal['cpu_cost_pct']:+.1f}%)",
+                f"off {off['server_cpu_us_per_job']:,.0f} us",
+                "-",
+                None,
+            ),
+            check(
+                "journal on: latency p50, c=1 (added)",
+                f"{on['latency_p50_ms']:.2f} ms ({journal['latency_p50_added_ms']:+.2f} ms)",
+                f"off {off['latency_p50_ms']:.2f} ms",
+                "-",
+                None,
+            ),
+        ]
     return rows
 
 
@@ -858,6 +989,28 @@ def print_report(report: dict[str, Any]) -> None:
             "  sandboxes, sbx) at once. Same slots: by Little's law a single pool of I+R+E workers under the same\n"
             "  stage limits can match the pipeline; capped: min(I, E) workers, so no stage can exceed its limit."
         )
+    journal = report.get("journal")
+    if journal:
+        print(
+            f"\nPart 3 - results journal on vs off (no-op jobs with a {journal['payload_bytes']} B artifact, POST "
+            f"/process; {journal['rounds']} interleaved rounds, medians; sync {journal['sync']})"
+        )
+        print(f"  {'journal':<10}{'jobs/s':>10}{'cpu us/job':>12}{'c=1 p50 ms':>12}{'c=1 p99 ms':>12}{'errors':>8}")
+        for mode in ("off", "on"):
+            f = journal[mode]
+            print(
+                f"  {mode:<10}{f['jobs_per_s']:>10,.0f}{f['server_cpu_us_per_job']:>12,.0f}{f['latency_p50_ms']:>12.2f}"
+                f"{f['latency_p99_ms']:>12.2f}{f['errors']:>8}"
+            )
+        print(
+            f"  hot-path cost: {journal['throughput_cost_pct']:+.1f}% jobs/s, {journal['cpu_cost_pct']:+.1f}% CPU per "
+            f"job, {journal['latency_p50_added_ms']:+.2f} ms p50 one at a time; the last journal held "
+            f"{journal['journal_results']} results in {journal['journal_bytes'] / 1e6:.1f} MB"
+        )
+        for mode in ("off", "on"):
+            for run in journal[mode]["runs"]:
+                if run["first_error"]:
+                    print(f"  first error (journal {mode}): {run['first_error']}")
     rows = report["checks"]
     print_checks(rows)
 
@@ -895,6 +1048,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=240.0, help="give up on one load run after this (s)")
     parser.add_argument("--skip-overhead", action="store_true", help="skip part 1")
     parser.add_argument("--skip-pipeline", action="store_true", help="skip part 2")
+    parser.add_argument("--journal-jobs", type=positive_int, default=3000, help="part 3: jobs per throughput run")
+    parser.add_argument("--journal-rounds", type=positive_int, default=2, help="part 3: rounds of off and on")
+    parser.add_argument(
+        "--journal-payload-bytes", type=int, default=4096, help="part 3: size of each result's artifact"
+    )
+    parser.add_argument("--skip-journal", action="store_true", help="skip part 3")
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -965,7 +1124,11 @@ def main(argv: list[str] | None = None) -> int:
         backend = BackendProcess(ctx, args.llm_delay_ms / 1000)
         if args.pin:
             report["machine"]["pinning"] = pin_processes(client.pid, backend.pid)
-        parts = [("overhead", part_overhead, args.skip_overhead), ("pipeline", part_pipeline, args.skip_pipeline)]
+        parts = [
+            ("overhead", part_overhead, args.skip_overhead),
+            ("pipeline", part_pipeline, args.skip_pipeline),
+            ("journal", part_journal, args.skip_journal),
+        ]
         for key, part, skip in parts:
             if skip:
                 continue

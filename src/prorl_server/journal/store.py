@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,13 +36,12 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, digest TEXT NOT NULL, request TEXT NOT NULL, requeue INTEGER NOT NULL,
     submitted_at REAL NOT NULL
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS results (
-    seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL, result TEXT NOT NULL,
-    stored_at REAL NOT NULL
+    seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL, digest TEXT NOT NULL, result TEXT NOT NULL, stored_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS results_stored_at ON results (stored_at);
 """
+# No secondary index: each would cost every write a page; the few full scans (recovery, compaction) are cheap.
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,17 @@ class InFlightJob:
     digest: str
     requeue: bool
     submitted_at: float  # Unix time
+
+
+@dataclass
+class Batch:
+    """Changes to commit together: in-flight rows deleted, then added; results added, then deleted."""
+
+    jobs_done: list[str] = field(default_factory=list)
+    jobs_added: list[tuple[str, str, str, int, float]] = field(default_factory=list)  # id, digest, request, requeue, t
+    results_added: list[tuple[int, str, str, str, float]] = field(default_factory=list)  # seq, id, digest, result, t
+    results_removed: list[int] = field(default_factory=list)
+    next_seq: int = 0  # 0: unchanged
 
 
 @dataclass(frozen=True)
@@ -160,32 +170,23 @@ class JournalStore:
 
     # writes (one transaction per batch) ------------------------------------------------------------
 
-    def begin(self) -> None:
-        self._db.execute("BEGIN")
-
-    def commit(self) -> None:
-        self._db.execute("COMMIT")
-
-    def rollback(self) -> None:
-        if self._db.in_transaction:
-            self._db.execute("ROLLBACK")
-
-    def add_job(self, job_id: str, digest: str, request: str, requeue: bool) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", (job_id, digest, request, int(requeue), time.time())
-        )
-
-    def add_result(self, seq: int, job_id: str, digest: str, result: str) -> None:
-        self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
-        self._db.execute(
-            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)", (seq, job_id, digest, result, time.time())
-        )
-
-    def set_next_seq(self, next_seq: int) -> None:
-        self._db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_seq'", (next_seq,))
-
-    def remove_results(self, seqs: Iterable[int]) -> None:
-        self._db.executemany("DELETE FROM results WHERE seq = ?", ((seq,) for seq in seqs))
+    def write(self, batch: Batch) -> None:
+        """Apply a batch in one transaction, a few multi-row statements (each statement is a round trip
+        through SQLite that releases and retakes the GIL; one per row would cost far more)."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            _chunked(db, "DELETE FROM jobs WHERE job_id IN ({})", [(job_id,) for job_id in batch.jobs_done])
+            _chunked(db, "INSERT OR REPLACE INTO jobs VALUES {}", batch.jobs_added)
+            _chunked(db, "INSERT OR REPLACE INTO results VALUES {}", batch.results_added)
+            _chunked(db, "DELETE FROM results WHERE seq IN ({})", [(seq,) for seq in batch.results_removed])
+            if batch.next_seq:
+                db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_seq'", (batch.next_seq,))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     def compact(self, retention_s: float) -> int:
         """Delete results past retention, give free pages back to the file system, truncate the WAL; returns
@@ -195,14 +196,22 @@ class JournalStore:
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return deleted
 
-    def counts(self) -> tuple[int, int]:
-        """(results, in-flight jobs) in the journal."""
-        results = self._db.execute("SELECT count(*) FROM results").fetchone()[0]
-        jobs = self._db.execute("SELECT count(*) FROM jobs").fetchone()[0]
-        return results, jobs
-
     def close(self) -> None:
         self._db.close()
+
+
+_ROWS_PER_STATEMENT = 150
+"""Rows of one multi-row statement, at most: 5 values a row stay under SQLite's oldest limit of 999."""
+
+
+def _chunked(db: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]]) -> None:
+    """Run `sql` over `rows`, many rows per statement: `{}` becomes `?, ?` (one value a row) or `(?, ?), (?, ?)`."""
+    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+        chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        width = len(chunk[0])
+        row = "?" if width == 1 else "(" + ", ".join("?" * width) + ")"
+        marks = ", ".join([row] * len(chunk))
+        db.execute(sql.format(marks), [value for row in chunk for value in row])
 
 
 def _parse(model: type[ModelT], text: str, what: str, path: Path) -> ModelT:

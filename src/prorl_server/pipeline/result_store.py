@@ -18,7 +18,7 @@ class ResultLog(Protocol):
         """A result was stored under cursor `seq`."""
 
     def removed(self, seqs: list[int]) -> None:
-        """Results were acknowledged."""
+        """Results were acknowledged, or replaced by a newer result of the same job."""
 
 
 class ResultStore:
@@ -47,8 +47,8 @@ class ResultStore:
         with self._lock:
             self._purge_locked()
             old = self._by_job.pop(result.job_id, None)
-            if old is not None:
-                self._entries.pop(old, None)
+            if old is not None and self._entries.pop(old, None) is not None and self.log is not None:
+                self.log.removed([old])
             seq = self._next_seq
             self._next_seq += 1
             self._seqs.append(seq)
