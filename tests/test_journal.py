@@ -16,6 +16,7 @@ import pytest
 from polling import wait_for
 from serve_process import serve_executable, start_serve, stop
 
+from prorl_server import AgentHandler, JobContext
 from prorl_server.api import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
@@ -132,15 +133,38 @@ def test_acknowledgements_and_retention_persist_across_a_restart(tmp_path, start
     server.server.stop()
 
 
-def test_compaction_deletes_expired_results_while_the_server_runs(tmp_path, start_server, backend):
+class PayloadHandler(AgentHandler):
+    """Finishes at once with a 200 KB artifact: results that make the journal file grow."""
+
+    name = "payload"
+
+    async def run(self, ctx: JobContext) -> None:
+        ctx.artifacts["payload"] = "x" * 200_000
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+def journal_bytes(journal: Path) -> int:
+    return sum(path.stat().st_size for path in journal.parent.glob(journal.name + "*") if path.exists())
+
+
+def test_compaction_deletes_expired_results_and_shrinks_the_file_while_the_server_runs(tmp_path, start_server, backend):
     journal = tmp_path / "journal.sqlite3"
     server = start_server(
-        [backend.address], journal=str(journal), result_retention_s=0.3, journal_compact_interval_s=0.1
+        [backend.address],
+        handlers={"payload": PayloadHandler()},
+        journal=str(journal),
+        result_retention_s=1.0,
+        journal_compact_interval_s=0.2,
     )
-    submit(server.http, "old")
-    finished(server.http, "old")
-    wait_for(lambda: rows(journal, "results") == 1, 10, "the result written")
-    wait_for(lambda: rows(journal, "results") == 0, 10, "the expired result deleted by compaction")
+    for index in range(5):
+        response = server.http.post("/process", json={"instance": {"data_source": "payload"}, "job_id": f"p{index}"})
+        assert response.json()["status"] == "completed"
+    assert rows(journal, "results") == 5  # /process answered: the results are committed
+    assert journal_bytes(journal) > 1_000_000
+    wait_for(lambda: rows(journal, "results") == 0, 20, "the expired results deleted by compaction")
+    wait_for(lambda: journal_bytes(journal) < 200_000, 20, "the journal file shrunk")
 
 
 def test_a_second_server_on_the_same_journal_refuses_to_start(tmp_path, start_server):

@@ -34,8 +34,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, digest TEXT NOT NULL, request TEXT NOT NULL, requeue INTEGER NOT NULL,
-    submitted_at REAL NOT NULL
+    job_id TEXT PRIMARY KEY, digest TEXT NOT NULL, request TEXT NOT NULL, submitted_at REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS results (
     seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL, digest TEXT NOT NULL, result TEXT NOT NULL, stored_at REAL NOT NULL
@@ -60,7 +59,6 @@ class InFlightJob:
 
     request: ProcessRequest
     digest: str
-    requeue: bool
     submitted_at: float  # Unix time
 
 
@@ -69,7 +67,7 @@ class Batch:
     """Changes to commit together: in-flight rows deleted, then added; results added, then deleted."""
 
     jobs_done: list[str] = field(default_factory=list)
-    jobs_added: list[tuple[str, str, str, int, float]] = field(default_factory=list)  # id, digest, request, requeue, t
+    jobs_added: list[tuple[str, str, str, float]] = field(default_factory=list)  # id, digest, request, t
     results_added: list[tuple[int, str, str, str, float]] = field(default_factory=list)  # seq, id, digest, result, t
     results_removed: list[int] = field(default_factory=list)
     next_seq: int = 0  # 0: unchanged
@@ -152,11 +150,10 @@ class JournalStore:
                 InFlightJob(
                     _parse(ProcessRequest, text, f"job {job_id!r}", self.path).model_copy(update={"job_id": job_id}),
                     digest,
-                    bool(requeue),
                     submitted,
                 )
-                for job_id, text, digest, requeue, submitted in self._db.execute(
-                    "SELECT job_id, request, digest, requeue, submitted_at FROM jobs "
+                for job_id, text, digest, submitted in self._db.execute(
+                    "SELECT job_id, request, digest, submitted_at FROM jobs "
                     "WHERE job_id NOT IN (SELECT job_id FROM results) ORDER BY submitted_at"
                 )
             ]
@@ -192,7 +189,7 @@ class JournalStore:
         """Delete results past retention, give free pages back to the file system, truncate the WAL; returns
         how many results were deleted."""
         deleted = self._db.execute("DELETE FROM results WHERE stored_at <= ?", (time.time() - retention_s,)).rowcount
-        self._db.execute("PRAGMA incremental_vacuum")
+        self._db.executescript("PRAGMA incremental_vacuum;")  # run to the end (execute() frees one page per step)
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return deleted
 
@@ -201,7 +198,7 @@ class JournalStore:
 
 
 _ROWS_PER_STATEMENT = 150
-"""Rows of one multi-row statement, at most: 5 values a row stay under SQLite's oldest limit of 999."""
+"""Rows of one multi-row statement, at most: 5 values a row stay under SQLite's oldest limit of 999 values."""
 
 
 def _chunked(db: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]]) -> None:

@@ -90,7 +90,7 @@ class JournalWriter:
         self._put(_Stored(seq, result, request_digest))
 
     def removed(self, seqs: list[int]) -> None:
-        """Results were acknowledged."""
+        """Results were acknowledged, or replaced by a newer result of the same job."""
         self._put(_Removed(seqs))
 
     def _put(self, change: object) -> None:
@@ -192,14 +192,11 @@ def _batch(changes: list[object]) -> Batch:
     """The rows to write for `changes`. A job admitted and finished within the batch gets no in-flight row
     (it would be written and deleted in one transaction)."""
     batch = Batch()
-    admitted: dict[str, tuple[str, str, str, int, float]] = {}
+    admitted: dict[str, _Admitted] = {}
     now = time.time()
     for change in changes:
         if isinstance(change, _Admitted):
-            request = change.request
-            admitted[change.job_id] = (
-                change.job_id, change.digest, request.model_dump_json(), int(request.requeue_on_restart), now
-            )  # fmt: skip
+            admitted[change.job_id] = change
         elif isinstance(change, _Stored):
             result = change.result
             if admitted.pop(result.job_id, None) is None:
@@ -208,7 +205,7 @@ def _batch(changes: list[object]) -> Batch:
             batch.next_seq = max(batch.next_seq, change.seq + 1)
         elif isinstance(change, _Removed):
             batch.results_removed.extend(change.seqs)
-    batch.jobs_added = list(admitted.values())
+    batch.jobs_added = [(a.job_id, a.digest, a.request.model_dump_json(), now) for a in admitted.values()]
     return batch
 
 
