@@ -4,7 +4,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin]
 
-About a minute on a 2-core machine with the defaults. Every server under test runs in this process on
+About a minute and a half on a 2-core machine with the defaults. Every server under test runs in this process on
 a real uvicorn socket (127.0.0.1 only). The load generator runs in its own *process* (multiprocessing,
 spawn) so it never competes with the server for the GIL; it is a minimal asyncio HTTP/1.1 keep-alive
 client (pre-encoded request bytes, Content-Length framing), cheap on CPU. The scripted vLLM-protocol
@@ -59,6 +59,9 @@ Part 3 - results journal on vs off
     `--journal-payload-bytes` (a trajectory stand-in: the journal writes every result). With the journal,
     every /process answer waits until its result is committed, and the writer thread's CPU counts in the
     server's CPU per job. The hot-path cost is reported as percentages: jobs/s lost and CPU per job added.
+    No-op jobs are the worst case (the server does nothing else per job); the same comparison is then made
+    on part 2's synthetic workload (the "pipeline" design, same job list, same rounds), whose jobs spend
+    tens of milliseconds in stages, as real ones spend seconds to minutes.
 
 JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
 
@@ -89,6 +92,7 @@ JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
             "total_workers",                      # I+R+E for the pipeline, N for the single pools
             "wall_s", "jobs_per_s", "completed", "errors", "first_error",
             "latency_p50_ms", "latency_p99_ms",   # client-observed, queueing included
+            "server_cpu_us_per_job",              # this (server) process's CPU time per measured job
             "mean_stage_ms": {"queue", "init", "run", "eval"},   # from result timing
             "peak": {"init", "run", "eval", "sandboxes"}         # most stage work / live sandboxes at once
           }
@@ -105,7 +109,11 @@ JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
         "cpu_cost_pct": 100 * (on CPU per job / off CPU per job - 1),
         "latency_p50_added_ms": on latency p50 - off latency p50 (one job at a time),
         "journal_results": result rows in the last "on" journal after its server stopped (every job's),
-        "journal_bytes": that journal's file size
+        "journal_bytes": that journal's file size,
+        "pipeline": {"jobs", "concurrency",               # part 2's workload, "pipeline" design
+                     "off" | "on": {"jobs_per_s", "server_cpu_us_per_job", "latency_p50_ms",  # medians
+                                    "errors", "runs": [part 2's per-design figures, per round]},
+                     "throughput_cost_pct", "cpu_cost_pct"}   # as above
       },
       "checks": [{"metric", "value", "baseline", "target", "pass"}],  # the summary table; pass is
                                                                      # true/false, or null without target
@@ -592,8 +600,9 @@ def run_design(
     args: argparse.Namespace,
     client: LoadClient,
     backend: BackendProcess,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """Serve one design, push the job list through `POST /process`, summarize."""
+    """Serve one design (with extra server `settings`), push the job list through `POST /process`, summarize."""
     model = StageModel(capacity)
     single = name != "pipeline"
     handler: AgentHandler = SinglePoolStages(model) if single else PipelineStages(model)
@@ -603,6 +612,7 @@ def run_design(
         init_workers=workers["init"],
         run_workers=workers["run"],
         eval_workers=workers["eval"],
+        **settings,
     ) as server:
         bodies = [
             encode_post(server.port, "/process", {"instance": {"data_source": handler.name, **job}}) for job in jobs
@@ -616,7 +626,7 @@ def run_design(
             parse_json=True,
             expect=b'"status":"completed"',
         )
-        result, _ = client.run(spec, args.timeout, on_start=model.reset_peaks)
+        result, cpu = client.run(spec, args.timeout, on_start=model.reset_peaks)
     timings = result.timings
 
     def mean_ms(key: str) -> float:
@@ -633,6 +643,7 @@ def run_design(
         "first_error": result.first_error,
         "latency_p50_ms": percentile_ms(result.latencies, 50),
         "latency_p99_ms": percentile_ms(result.latencies, 99),
+        "server_cpu_us_per_job": 1e6 * cpu / len(result.latencies) if result.latencies else float("nan"),
         "mean_stage_ms": {
             "queue": mean_ms("queue_s"),
             "init": mean_ms("init_s"),
@@ -799,6 +810,7 @@ def part_journal(args: argparse.Namespace, client: LoadClient, backend: BackendP
         with sqlite3.connect(journal) as db:
             rows = db.execute("SELECT count(*) FROM results").fetchone()[0]
         size = journal.stat().st_size
+        pipeline = _journal_pipeline(args, client, backend, Path(tmp))
 
     def median(mode: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[mode])
@@ -824,6 +836,37 @@ def part_journal(args: argparse.Namespace, client: LoadClient, backend: BackendP
     out["latency_p50_added_ms"] = on["latency_p50_ms"] - off["latency_p50_ms"]
     out["journal_results"] = rows
     out["journal_bytes"] = size
+    out["pipeline"] = pipeline
+    return out
+
+
+def _journal_pipeline(
+    args: argparse.Namespace, client: LoadClient, backend: BackendProcess, tmp: Path
+) -> dict[str, Any]:
+    """Part 2's workload through the pipeline design, without and with a journal, interleaved rounds."""
+    jobs = make_workload(args)
+    workers = {"init": args.init_workers, "run": args.run_workers, "eval": args.eval_workers}
+    capacity = {"init": args.init_workers, "eval": args.eval_workers}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for round_ in range(args.journal_rounds):
+        for mode in ("off", "on"):
+            print(f"  part 3: part 2's workload, journal {mode}, round {round_ + 1} ...", flush=True)
+            settings: dict[str, Any] = {}
+            if mode == "on":
+                for path in tmp.iterdir():
+                    path.unlink()
+                settings["journal"] = str(tmp / "journal.sqlite3")
+            runs[mode].append(run_design("pipeline", workers, capacity, jobs, args, client, backend, **settings))
+    out: dict[str, Any] = {"jobs": args.pipeline_jobs, "concurrency": args.pipeline_concurrency}
+    for mode in ("off", "on"):
+        out[mode] = {
+            key: statistics.median(run[key] for run in runs[mode])
+            for key in ("jobs_per_s", "server_cpu_us_per_job", "latency_p50_ms")
+        }
+        out[mode]["errors"] = sum(run["errors"] for run in runs[mode])
+        out[mode]["runs"] = runs[mode]
+    out["throughput_cost_pct"] = 100 * (1 - out["on"]["jobs_per_s"] / out["off"]["jobs_per_s"])
+    out["cpu_cost_pct"] = 100 * (out["on"]["server_cpu_us_per_job"] / out["off"]["server_cpu_us_per_job"] - 1)
     return out
 
 
@@ -929,6 +972,25 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
             ),
         ]
+        pipe = journal["pipeline"]
+        p_off, p_on = pipe["off"], pipe["on"]
+        p_ok = p_off["errors"] == 0 and p_on["errors"] == 0
+        rows += [
+            check(
+                "journal on, part 2's workload: jobs/s (cost)",
+                f"{p_on['jobs_per_s']:.1f}/s ({pipe['throughput_cost_pct']:+.1f}%)",
+                f"off {p_off['jobs_per_s']:.1f}/s",
+                f"cost <= {TARGET_JOURNAL_COST_PCT:g}%",
+                pipe["throughput_cost_pct"] <= TARGET_JOURNAL_COST_PCT and p_ok,
+            ),
+            check(
+                "journal on, part 2's workload: server CPU per job (cost)",
+                f"{p_on['server_cpu_us_per_job']:,.0f} us ({pipe['cpu_cost_pct']:+.1f}%)",
+                f"off {p_off['server_cpu_us_per_job']:,.0f} us",
+                "-",
+                None,
+            ),
+        ]
     return rows
 
 
@@ -1007,8 +1069,17 @@ def print_report(report: dict[str, Any]) -> None:
             f"job, {journal['latency_p50_added_ms']:+.2f} ms p50 one at a time; the last journal held "
             f"{journal['journal_results']} results in {journal['journal_bytes'] / 1e6:.1f} MB"
         )
+        pipe = journal["pipeline"]
+        print(f"  part 2's workload ({pipe['jobs']} jobs, pipeline design, client concurrency {pipe['concurrency']}):")
         for mode in ("off", "on"):
-            for run in journal[mode]["runs"]:
+            f = pipe[mode]
+            print(
+                f"  {mode:<10}{f['jobs_per_s']:>10,.1f}{f['server_cpu_us_per_job']:>12,.0f}  p50 {f['latency_p50_ms']:.0f} ms"
+                f"{'':>8}{f['errors']:>8}"
+            )
+        print(f"  cost: {pipe['throughput_cost_pct']:+.1f}% jobs/s, {pipe['cpu_cost_pct']:+.1f}% CPU per job")
+        for mode in ("off", "on"):
+            for run in journal[mode]["runs"] + pipe[mode]["runs"]:
                 if run["first_error"]:
                     print(f"  first error (journal {mode}): {run['first_error']}")
     rows = report["checks"]

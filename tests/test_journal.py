@@ -121,7 +121,8 @@ def test_acknowledgements_and_retention_persist_across_a_restart(tmp_path, start
     assert cursors(server.http) == order[2:]
     submit(server.http, "w")
     finished(server.http, "w")
-    assert cursors(server.http, after=order[2][1])[0][1] > order[2][1]
+    last = cursors(server.http)[-1]
+    assert last[0] == "w" and last[1] > order[2][1]
     server.server.stop()
     assert rows(journal, "results") == 2 and rows(journal, "jobs") == 0
     assert {path.stat().st_mode & 0o777 for path in tmp_path.glob("journal.sqlite3*")} == {0o600}
@@ -131,6 +132,11 @@ def test_acknowledgements_and_retention_persist_across_a_restart(tmp_path, start
     assert cursors(server.http) == []
     assert rows(journal, "results") == 0  # expired rows are deleted, not only hidden
     server.server.stop()
+
+    server = start_server([backend.address], journal=str(journal))  # nothing stored: cursors still continue
+    submit(server.http, "v")
+    finished(server.http, "v")
+    assert cursors(server.http) == [("v", last[1] + 1)]
 
 
 class PayloadHandler(AgentHandler):

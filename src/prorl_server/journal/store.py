@@ -1,8 +1,9 @@
 """JournalStore: the SQLite file of the results journal (WAL mode): its schema, recovery reads and writes.
 
 Tables: `jobs` holds each admitted job that has no result yet (its request, to fail or re-queue it after a
-crash); `results` each stored, unacknowledged result under its cursor `seq`; `meta` the next cursor, so
-cursors continue across restarts even after every result was acknowledged.
+crash); `results` each stored, unacknowledged result under its cursor `seq`; `meta` the next cursor as of
+the last deletion of results, so cursors continue across restarts even after every result was
+acknowledged (otherwise the highest stored `seq` says it).
 
 Durability: WAL with `synchronous=NORMAL` (default) writes each commit to the WAL file without an fsync; a
 killed process (kill -9, OOM, segfault) loses nothing committed, since the operating system still has the
@@ -40,6 +41,11 @@ CREATE TABLE IF NOT EXISTS results (
     seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL, digest TEXT NOT NULL, result TEXT NOT NULL, stored_at REAL NOT NULL
 );
 """
+_KEEP_NEXT_SEQ = (
+    "UPDATE meta SET value = max(value, (SELECT coalesce(max(seq), 0) + 1 FROM results)) WHERE key = 'next_seq'"
+)
+"""Run before results are deleted: the next cursor is one past the highest stored, which may be deleted next."""
+
 # No secondary index: each would cost every write a page; the few full scans (recovery, compaction) are cheap.
 
 
@@ -70,7 +76,6 @@ class Batch:
     jobs_added: list[tuple[str, str, str, float]] = field(default_factory=list)  # id, digest, request, t
     results_added: list[tuple[int, str, str, str, float]] = field(default_factory=list)  # seq, id, digest, result, t
     results_removed: list[int] = field(default_factory=list)
-    next_seq: int = 0  # 0: unchanged
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class JournalStore:
         """Drop results past retention, then read what is left and the jobs that were in flight."""
         now = time.time()
         try:
+            self._db.execute(_KEEP_NEXT_SEQ)
             self._db.execute("DELETE FROM results WHERE stored_at <= ?", (now - retention_s,))
             next_seq = self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()[0]
             results = [
@@ -176,9 +182,9 @@ class JournalStore:
             _chunked(db, "DELETE FROM jobs WHERE job_id IN ({})", [(job_id,) for job_id in batch.jobs_done])
             _chunked(db, "INSERT OR REPLACE INTO jobs VALUES {}", batch.jobs_added)
             _chunked(db, "INSERT OR REPLACE INTO results VALUES {}", batch.results_added)
-            _chunked(db, "DELETE FROM results WHERE seq IN ({})", [(seq,) for seq in batch.results_removed])
-            if batch.next_seq:
-                db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_seq'", (batch.next_seq,))
+            if batch.results_removed:
+                db.execute(_KEEP_NEXT_SEQ)
+                _chunked(db, "DELETE FROM results WHERE seq IN ({})", [(seq,) for seq in batch.results_removed])
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -188,6 +194,7 @@ class JournalStore:
     def compact(self, retention_s: float) -> int:
         """Delete results past retention, give free pages back to the file system, truncate the WAL; returns
         how many results were deleted."""
+        self._db.execute(_KEEP_NEXT_SEQ)
         deleted = self._db.execute("DELETE FROM results WHERE stored_at <= ?", (time.time() - retention_s,)).rowcount
         self._db.executescript("PRAGMA incremental_vacuum;")  # run to the end (execute() frees one page per step)
         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -202,7 +202,6 @@ def _batch(changes: list[object]) -> Batch:
             if admitted.pop(result.job_id, None) is None:
                 batch.jobs_done.append(result.job_id)
             batch.results_added.append((change.seq, result.job_id, change.digest, result.model_dump_json(), now))
-            batch.next_seq = max(batch.next_seq, change.seq + 1)
         elif isinstance(change, _Removed):
             batch.results_removed.extend(change.seqs)
     batch.jobs_added = [(a.job_id, a.digest, a.request.model_dump_json(), now) for a in admitted.values()]
