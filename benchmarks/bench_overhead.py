@@ -4,7 +4,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin]
 
-About a minute and a half on a 2-core machine with the defaults. Every server under test runs in this process on
+About two minutes on a 2-core machine with the defaults. Every server under test runs in this process on
 a real uvicorn socket (127.0.0.1 only). The load generator runs in its own *process* (multiprocessing,
 spawn) so it never competes with the server for the GIL; it is a minimal asyncio HTTP/1.1 keep-alive
 client (pre-encoded request bytes, Content-Length framing), cheap on CPU. The scripted vLLM-protocol
@@ -1120,7 +1120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-overhead", action="store_true", help="skip part 1")
     parser.add_argument("--skip-pipeline", action="store_true", help="skip part 2")
     parser.add_argument("--journal-jobs", type=positive_int, default=3000, help="part 3: jobs per throughput run")
-    parser.add_argument("--journal-rounds", type=positive_int, default=2, help="part 3: rounds of off and on")
+    parser.add_argument("--journal-rounds", type=positive_int, default=3, help="part 3: rounds of off and on")
     parser.add_argument(
         "--journal-payload-bytes", type=int, default=4096, help="part 3: size of each result's artifact"
     )
