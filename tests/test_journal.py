@@ -20,6 +20,8 @@ from prorl_server import AgentHandler, JobContext
 from prorl_server.api import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
+from prorl_server.journal.store import Batch, JournalStore
+from prorl_server.protocol import JobResult, JobStatus
 from prorl_server.testing.uvicorn_thread import free_port
 
 HERE = Path(__file__).parent
@@ -241,3 +243,16 @@ def test_a_group_posted_again_after_a_restart_reuses_its_members_results(tmp_pat
     again = server.http.post("/groups", json=group).json()
     assert again["status"] == "completed" and again["results"] == first["results"]
     assert len(backend.double.requests) == calls  # no member ran again
+
+
+def test_a_batch_larger_than_one_statement_is_written_whole(tmp_path):
+    store = JournalStore(tmp_path / "journal.sqlite3")
+    results = [JobResult(job_id=f"r{seq}", status=JobStatus.COMPLETED, reward=1.0) for seq in range(1, 401)]
+    added = [(seq, r.job_id, "digest", r.model_dump_json(), time.time()) for seq, r in enumerate(results, 1)]
+    store.write(Batch(jobs_done=[f"r{seq}" for seq in range(400)], results_added=added))
+    store.write(Batch(results_removed=list(range(1, 401, 2))))
+    recovered = store.recover(retention_s=3600)
+    store.close()
+    assert [kept.seq for kept in recovered.results] == list(range(2, 401, 2))
+    assert [kept.result for kept in recovered.results] == results[1::2]
+    assert recovered.next_seq == 401 and recovered.in_flight == []

@@ -206,16 +206,22 @@ class JournalStore:
 
 _ROWS_PER_STATEMENT = 150
 """Rows of one multi-row statement, at most: 5 values a row stay under SQLite's oldest limit of 999 values."""
+_CHARS_PER_STATEMENT = 8_000_000
+"""Text in one statement, about at most (one row may hold more): SQLite copies what it is given."""
 
 
 def _chunked(db: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]]) -> None:
     """Run `sql` over `rows`, many rows per statement: `{}` becomes `?, ?` (one value a row) or `(?, ?), (?, ?)`."""
-    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start : start + _ROWS_PER_STATEMENT]
-        width = len(chunk[0])
-        row = "?" if width == 1 else "(" + ", ".join("?" * width) + ")"
-        marks = ", ".join([row] * len(chunk))
-        db.execute(sql.format(marks), [value for row in chunk for value in row])
+    start = 0
+    while start < len(rows):
+        end, chars = start, 0
+        while end < len(rows) and end - start < _ROWS_PER_STATEMENT and chars < _CHARS_PER_STATEMENT:
+            chars += sum(len(value) for value in rows[end] if isinstance(value, str))
+            end += 1
+        width = len(rows[start])
+        marks = "?" if width == 1 else "(" + ", ".join("?" * width) + ")"
+        db.execute(sql.format(", ".join([marks] * (end - start))), [v for row in rows[start:end] for v in row])
+        start = end
 
 
 def _parse(model: type[ModelT], text: str, what: str, path: Path) -> ModelT:
