@@ -150,11 +150,13 @@ def build_dispatch(settings: ServerSettings) -> DispatchPolicy:
 
 
 def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> PlacementPolicy:
-    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor."""
+    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor and
+    weighs a group past `--max-inflight-per-backend` as waiting for slots."""
+    profile = interference_profile(settings.interference_profile)
     return make_policy(
         settings.placement,
         predictor=dispatch.predictor,
-        profile=interference_profile(settings.interference_profile),
+        profile=profile.with_batch_limit(settings.max_inflight_per_backend),
         prefill_s_per_token=settings.migration_prefill_s_per_token,
     )
 
