@@ -21,8 +21,8 @@ from prorl_server.pipeline.groups import GroupRunner
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
     """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown.
 
-    With `settings.api_key`, every request but `GET /health` needs the key (checked first, before the body
-    is read); bodies over `settings.max_body_bytes` get 413.
+    With `settings.api_key`, every request but `GET /health` and the dashboard's static page needs the key
+    (checked first, before the body is read); bodies over `settings.max_body_bytes` get 413.
     """
     state = state or ServerState.build(settings or ServerSettings())
 

@@ -1,8 +1,8 @@
 """The live dashboard: `GET /dashboard` (a static page, no build step) and `GET /dashboard/data`, the JSON it
 polls.
 
-The page and its script and style sheet carry no server data, so they are served without the API key; the
-data needs it like every other endpoint (the page asks for the key and sends it as a Bearer header;
+The page and its script and style sheet carry no server data, so they are served without the API key (auth.py's
+`OPEN_PATHS` lists them); the data needs it like every other endpoint (the page asks for the key and sends it as a Bearer header;
 docs/security.md).
 """
 
@@ -25,8 +25,6 @@ router = APIRouter(tags=["observability"])
 State = Annotated[ServerState, Depends(get_state)]
 
 PAGE_PATH = "/dashboard"
-ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-"""The page's other static files, under `/dashboard/` (auth.py's OPEN_PATHS lists them)."""
 
 _PAGE_HEADERS = {
     # the page runs only its own script and style, talks only to this server, and is never framed
@@ -109,13 +107,16 @@ async def data(state: State) -> DashboardData:
     )
 
 
-@router.get(PAGE_PATH + "/{name}", include_in_schema=False)
-async def asset(name: str) -> Response:
-    """The page's script and style sheet (404 for any other name)."""
-    media_type = ASSETS.get(name)
-    if media_type is None:
-        return Response(status_code=404)
-    return Response(_static(name), media_type=f"{media_type}; charset=utf-8", headers=_PAGE_HEADERS)
+@router.get(PAGE_PATH + "/dashboard.js", include_in_schema=False)
+async def script() -> Response:
+    """The page's script."""
+    return Response(_static("dashboard.js"), media_type="text/javascript; charset=utf-8", headers=_PAGE_HEADERS)
+
+
+@router.get(PAGE_PATH + "/dashboard.css", include_in_schema=False)
+async def style_sheet() -> Response:
+    """The page's style sheet."""
+    return Response(_static("dashboard.css"), media_type="text/css; charset=utf-8", headers=_PAGE_HEADERS)
 
 
 def _length_buckets(state: ServerState) -> list[LengthBucket]:

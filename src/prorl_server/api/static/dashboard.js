@@ -108,7 +108,8 @@ function renderJobs(jobs) {
 }
 
 // A bar chart: `bars` is [{label, value, title, className}], drawn in an SVG of its own.
-function barChart(container, bars, { showValues = true } = {}) {
+// `lastLabelEnd`: the last bar's axis label ends at the bar (for a label that would overflow the edge).
+function barChart(container, bars, { showValues = true, lastLabelEnd = false } = {}) {
   const width = 600, height = 200, left = 34, bottom = 28, top = 14;
   const svg = svgEl("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
   const max = Math.max(1, ...bars.map((b) => b.value));
@@ -130,7 +131,8 @@ function barChart(container, bars, { showValues = true } = {}) {
       svg.append(svgEl("text", { x: x + step / 2, y: height - bottom - h - 3, "text-anchor": "middle" }, bar.value));
     }
     if (bar.axisLabel) {
-      svg.append(svgEl("text", { x: x + step / 2, y: height - bottom + 14, "text-anchor": "middle" }, bar.axisLabel));
+      const anchor = lastLabelEnd && i === bars.length - 1 ? "end" : "middle";
+      svg.append(svgEl("text", { x: x + step / 2, y: height - bottom + 14, "text-anchor": anchor }, bar.axisLabel));
     }
   });
   container.replaceChildren(svg);
@@ -158,7 +160,7 @@ function renderThroughput(points, bucketS) {
     label: String(p.t), value: p.jobs, title: `${new Date(p.t * 1000).toLocaleTimeString()}: ${p.jobs} jobs, ${p.tokens} tokens`,
     axisLabel: (now - p.t) % 120 === 0 ? (now === p.t ? "now" : `-${(now - p.t) / 60}m`) : "",
   }));
-  barChart($("throughput"), bars, { showValues: false });
+  barChart($("throughput"), bars, { showValues: false, lastLabelEnd: true });
   const lastMinute = points.slice(-Math.round(60 / bucketS));
   const jobs = lastMinute.reduce((sum, p) => sum + p.jobs, 0);
   const tokens = lastMinute.reduce((sum, p) => sum + p.tokens, 0);
