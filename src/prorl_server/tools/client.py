@@ -109,7 +109,8 @@ class ToolClient:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
-        self.on_request: Callable[[str, float, bool], None] | None = None  # metrics: (action, seconds, succeeded)
+        # metrics: each answered or failed (ToolError) request: (action, seconds, succeeded)
+        self.on_request: Callable[[str, float, bool], None] | None = None
 
     async def ping(self) -> int:
         """The server's PID; raises SandboxGone when nothing answers on the socket."""
@@ -205,13 +206,13 @@ class ToolClient:
         if self.on_request is None:
             return await self._request(action, deadline_s, args)
         started = time.monotonic()
-        ok = False
         try:
             response = await self._request(action, deadline_s, args)
-            ok = True
-            return response
-        finally:
-            self.on_request(action, time.monotonic() - started, ok)
+        except ToolError:  # a cancelled request is neither answered nor failed
+            self.on_request(action, time.monotonic() - started, False)
+            raise
+        self.on_request(action, time.monotonic() - started, True)
+        return response
 
     async def _request(self, action: str, deadline_s: float | None, args: dict[str, Any]) -> Any:
         request_id = next(self._ids)
