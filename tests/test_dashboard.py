@@ -8,6 +8,7 @@ scripts/system-deps.sh installed it).
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import threading
@@ -17,6 +18,8 @@ import pytest
 from handlers_for_tests import GatedHandler, MultiTurnChatHandler, RaisingHandler
 from polling import wait_for
 from server_jobs import result
+
+from prorl_server.observability.metrics import TOKEN_BUCKETS
 
 REQUIRE_CHROMIUM_ENV = "PRORL_REQUIRE_CHROMIUM"
 SCREENSHOT = Path(__file__).resolve().parent.parent / ".pytest-artifacts" / "dashboard.png"
@@ -101,8 +104,12 @@ def test_dashboard_shows_the_servers_numbers(chromium, start_server, backend):
             assert page.locator("#recent-jobs td", has_text=HOSTILE_ID).count() == 1
             assert page.locator("#recent-jobs img").count() == 0 and page.evaluate("window.pwned") is None
 
-            lengths = [int(c) for c in page.locator("#lengths rect").evaluate_all("r => r.map(e => e.dataset.count)")]
-            assert sum(lengths) == 5
+            lengths = page.locator("#lengths rect").evaluate_all("r => r.map(e => Number(e.dataset.count))")
+            expected_lengths = [0] * (len(TOKEN_BUCKETS) + 1)
+            for r in results.values():
+                tokens = len(r["trajectory"]["prompt_ids"]) + len(r["trajectory"]["response_ids"])
+                expected_lengths[bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            assert lengths == expected_lengths
             jobs = page.locator("#throughput rect").evaluate_all("r => r.map(e => Number(e.dataset.count))")
             assert sum(jobs) == 5
 
