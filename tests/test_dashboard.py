@@ -58,9 +58,13 @@ def test_dashboard_shows_the_servers_numbers(chromium, start_server, backend):
         gated.proceed[f"g{i}"] = threading.Event()
         body = {"instance": {"data_source": "gated", "question": "q"}, "job_id": f"g{i}"}
         assert server.http.post("/jobs", json={**body, "sampling_params": {"max_turns": 2}}).status_code == 202
-    wait_for(lambda: server.http.get("/status").json()["queues"]["run"] == 1, 20, "a job queued for RUN")
+
+    def holding() -> bool:
+        status = server.http.get("/status").json()
+        return status["queues"]["run"] == 1 and status["busy_workers"]["run"] == 2
+
+    wait_for(holding, 20, "two jobs running and one queued for RUN")
     status = server.http.get("/status").json()
-    assert status["busy_workers"]["run"] == 2
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])

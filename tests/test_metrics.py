@@ -49,11 +49,18 @@ def test_metrics_follow_jobs_through_the_server(start_server, backend):
         body = {"instance": {"data_source": "gated", "question": "q"}, "job_id": job_id}
         body["sampling_params"] = {"max_turns": 2}
         assert server.http.post("/jobs", json=body).status_code == 202
-    wait_for(lambda: value(scrape(server), "prorl_stage_queue_depth", stage="run") == 1, 20, "a job queued for RUN")
+
+    def holding() -> bool:  # the held job has made its first LLM call (which pins it to the backend)
+        samples = scrape(server)
+        return (
+            value(samples, "prorl_stage_queue_depth", stage="run") == 1
+            and value(samples, "prorl_backend_jobs_pinned", backend=address) == 1
+        )
+
+    wait_for(holding, 20, "one job running, pinned to the backend, and one queued for RUN")
     held = scrape(server)
     assert value(held, "prorl_stage_busy_workers", stage="run") == 1
     assert value(held, "prorl_jobs_live", status="run") == 1 and value(held, "prorl_jobs_live", status="queued") == 1
-    assert value(held, "prorl_backend_jobs_pinned", backend=address) == 1
     for event in gated.proceed.values():
         event.set()
 
