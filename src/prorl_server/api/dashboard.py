@@ -29,7 +29,7 @@ PAGE_PATH = "/dashboard"
 _PAGE_HEADERS = {
     # the page runs only its own script and style, talks only to this server, and is never framed
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-    "img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",

@@ -197,6 +197,7 @@ async function poll() {
   } catch (error) {
     showProblem("server unreachable (" + error.message + ")");
   }
+  clearTimeout(timer); // one polling loop, also when a key was entered while a poll was under way
   timer = setTimeout(poll, POLL_MS);
 }
 
