@@ -173,7 +173,8 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(
         default=None,
         min_length=1,
-        description="Bearer token every endpoint but /health requires (prefer $PRORL_API_KEY: a flag shows in ps).",
+        description="Bearer token every endpoint but /health and the dashboard's static page requires (prefer "
+        "$PRORL_API_KEY: a flag shows in ps).",
         repr=False,
     )
     max_body_bytes: int = Field(

@@ -16,6 +16,7 @@ from prorl_server.handlers import HandlerRegistry
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
+from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
@@ -68,7 +69,7 @@ class ResultSignal:
 
 @dataclass
 class ServerState:
-    """Settings, handler registry, backend pool, orchestrator and the health-check thread."""
+    """Settings, handler registry, backend pool, orchestrator, the health-check thread and the metrics."""
 
     settings: ServerSettings
     registry: HandlerRegistry
@@ -76,6 +77,10 @@ class ServerState:
     orchestrator: Orchestrator
     health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
     signal: ResultSignal = field(default_factory=ResultSignal)
+    metrics: ServerMetrics = field(init=False)  # GET /metrics and the dashboard's numbers
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.orchestrator)
 
     @classmethod
     def build(

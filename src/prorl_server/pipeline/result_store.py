@@ -28,6 +28,8 @@ class ResultStore:
         self._digests: dict[str, str] = {}  # job id -> digest of the request that produced the stored result
         self._by_job: dict[str, int] = {}
         self.on_put: Callable[[], None] | None = None
+        self.on_stored: Callable[[JobResult], None] | None = None  # metrics: each result stored
+        self.on_acknowledged: Callable[[int], None] | None = None  # metrics: how many results an ack removed
 
     def put(self, result: JobResult, request_digest: str = "") -> int:
         """Store a result (replacing an older one of the same job id) with the digest of the request that
@@ -45,6 +47,8 @@ class ResultStore:
             self._digests[result.job_id] = request_digest
         if self.on_put is not None:
             self.on_put()
+        if self.on_stored is not None:
+            self.on_stored(result)
         return seq
 
     def get(self, job_id: str) -> JobResult | None:
@@ -98,6 +102,8 @@ class ResultStore:
                         self._digests.pop(entry[0].job_id, None)
                         removed += 1
             self._compact_locked()
+        if removed and self.on_acknowledged is not None:
+            self.on_acknowledged(removed)
         return removed
 
     def __len__(self) -> int:

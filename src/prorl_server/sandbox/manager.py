@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
@@ -26,10 +28,24 @@ class SandboxManager:
         self.default_spec = default_spec or SandboxSpec()
         self._lock = threading.Lock()
         self._live: set[Sandbox] = set()
+        # metrics: each start (seconds it took, or None when it failed), and each tool request of the sandboxes
+        # started afterwards (action, seconds, whether it succeeded)
+        self.on_start: Callable[[float | None], None] | None = None
+        self.on_tool_request: Callable[[str, float, bool], None] | None = None
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox (the default spec unless given) and track it."""
-        sandbox = await self.runtime.start(spec or self.default_spec)
+        started = time.monotonic()
+        try:
+            sandbox = await self.runtime.start(spec or self.default_spec)
+        except Exception:  # a cancelled start is no failure
+            if self.on_start is not None:
+                self.on_start(None)
+            raise
+        if self.on_start is not None:
+            self.on_start(time.monotonic() - started)
+        if self.on_tool_request is not None:
+            sandbox.tools.on_request = self.on_tool_request
         with self._lock:
             self._live.add(sandbox)
         return sandbox
