@@ -13,7 +13,8 @@ T_b = I(|b|) * the longest predicted remaining length on b, before minus after; 
 trajectory's prefix on the new backend, `prefill_s_per_token` times its context length. Judging by the
 makespan rather than by the two backends involved keeps moves to those that shorten the slowest backend:
 a move between two backends that both finish early gains nothing and would only throw away the prefix
-cache. Candidates are taken longest first (Heddle's migration scheduler favours long trajectories) and each
+cache. A move must also shorten the estimate by `MIN_GAIN_FRACTION` of it: the predictions it rests on are
+far less precise than that, so a smaller estimated gain is noise that costs a prefix cache. Candidates are taken longest first (Heddle's migration scheduler favours long trajectories) and each
 accepted move updates the state the next one is judged against. Not implemented: KV-cache transfer between
 backends and the scheduler that keeps concurrent transfers off shared endpoints.
 """
@@ -24,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prorl_server.scheduling.profile import Profile
+
+MIN_GAIN_FRACTION = 0.05
+"""Least share of the estimated makespan a migration must save (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,7 @@ def plan_migrations(
         finish[t.backend] = finish_s({k: v for k, v in source.items() if k != t.key})
         finish[target] = finish_s({**destination, t.key: t.remaining_tokens})
         gain, cost = before - max(finish), prefill_s_per_token * t.context_tokens
-        if gain > cost:
+        if gain > cost and gain >= MIN_GAIN_FRACTION * before:
             del source[t.key]
             destination[t.key] = t.remaining_tokens
             moves.append(Migration(t.key, t.backend, target, gain, cost))
