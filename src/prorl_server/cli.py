@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_llm(sub)
     add_sim_llm(sub)
     add_vllm(sub)
+    add_slurm(sub)
     return parser
 
 
@@ -60,6 +61,14 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
 
     vllm = sub.add_parser("vllm", help="start or stop the real vLLM on this CPU (after scripts/setup-vllm.sh)")
     add_arguments(vllm)
+
+
+def add_slurm(sub: argparse._SubParsersAction) -> None:
+    """The `slurm` subcommand: the steps of the sbatch scripts in deploy/slurm/ (prorl_server.launch.slurm)."""
+    from prorl_server.launch.slurm_cli import add_arguments
+
+    slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register)")
+    add_arguments(slurm)
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
@@ -178,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
 
         run_vllm(args)
+    elif args.command == "slurm":
+        from prorl_server.launch.slurm_cli import run_from_args as run_slurm
+
+        run_slurm(args)
 
 
 if __name__ == "__main__":
