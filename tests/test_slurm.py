@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 from polling import wait_for
@@ -15,9 +14,7 @@ from polling import wait_for
 from prorl_server.client import SyncRolloutClient
 from prorl_server.sandbox import DEFAULT_BASE_DIR, cgroups
 from prorl_server.sandbox.reaper import tagged_processes
-
-if TYPE_CHECKING:
-    from slurm_fixtures import Service
+from prorl_server.testing.slurm import Service
 
 pytest_plugins = ("slurm_fixtures",)
 
@@ -26,21 +23,20 @@ QUESTION = {"data_source": "short_answer", "question": "What is 2 + 2?", "answer
 
 def test_launch_registers_each_servers_backends_and_serves_rollouts_from_the_endpoints_file(slurm_service: Service):
     endpoints = slurm_service.endpoints()
+    api_key = slurm_service.knobs["PRORL_API_KEY"]
     assert len(endpoints.servers) == 2 and len(endpoints.backends) == 2
     assert endpoints.job_ids == {"servers": slurm_service.servers_job, "backends": slurm_service.backends_job}
     assert endpoints.api_key_required
     # two-phase registration: both backends are on the servers' node, so each server gets one of them
     assert sorted(b for assigned in endpoints.assignment.values() for b in assigned) == sorted(endpoints.backends)
-    headers = {"Authorization": f"Bearer {slurm_service.api_key}"}
+    headers = {"Authorization": f"Bearer {api_key}"}
     for server, assigned in endpoints.assignment.items():
         assert len(assigned) == 1
         listed = httpx.get(f"{server}/llm_servers", headers=headers, timeout=30, trust_env=False).json()
         assert [s["address"] for s in listed["servers"]] == assigned
         assert httpx.get(f"{server}/status", timeout=30, trust_env=False).status_code == 401  # the key is enforced
 
-    with SyncRolloutClient.from_endpoints(
-        slurm_service.endpoints_file, api_key=slurm_service.api_key, trust_env=False
-    ) as client:
+    with SyncRolloutClient.from_endpoints(slurm_service.endpoints_file, api_key=api_key, trust_env=False) as client:
         request = {"instance": QUESTION, "sampling_params": {"max_tokens": 8, "temperature": 0.7}}
         job_ids = client.submit_many(request for _ in range(4))
         results = client.collect(job_ids)
@@ -55,12 +51,11 @@ def test_launch_registers_each_servers_backends_and_serves_rollouts_from_the_end
 
 def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothing(slurm_service: Service):
     endpoints = slurm_service.endpoints()
+    api_key = slurm_service.knobs["PRORL_API_KEY"]
     server_pids = [a.pid for a in slurm_service.announcements("server")]
     backend_pids = [a.pid for a in slurm_service.announcements("backend")]
     owner_prefixes = tuple(f"prorl-{pid}-" for pid in server_pids)
-    with SyncRolloutClient.from_endpoints(
-        slurm_service.endpoints_file, api_key=slurm_service.api_key, trust_env=False
-    ) as client:
+    with SyncRolloutClient.from_endpoints(slurm_service.endpoints_file, api_key=api_key, trust_env=False) as client:
         holding = [
             client.submit({"instance": {"data_source": "sandbox_hold"}}, server=server)
             for server in endpoints.servers
@@ -70,7 +65,7 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
     wait_for(lambda: len(sandbox_owners(owner_prefixes)) == 2, 60, "both servers' sandboxes running")
     assert sandbox_directories(owner_prefixes) and len(sandbox_directories(owner_prefixes)) == 2
 
-    slurm_service.cluster.run("scancel", slurm_service.servers_job)  # the service's main job only
+    slurm_service.cancel(slurm_service.servers_job)  # the service's main job only
     wait_for(slurm_service.gone, 120, "both jobs gone after scancel", interval=0.2)
 
     assert not [pid for pid in server_pids + backend_pids if alive(pid)]
