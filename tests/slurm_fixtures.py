@@ -10,6 +10,8 @@ or `CI=true` they fail instead.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,10 +38,14 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
 
 @pytest.fixture
 def slurm_service(slurm_cluster: LocalSlurm, tmp_path: Path) -> Iterator[Service]:
-    """A freshly launched service: 2 rollout servers (with an API key and the sandbox-holding test handler)
-    and 2 dev-engine backends on the one node; cancelled, if still running, when the test ends."""
+    """A freshly launched service: 2 rollout servers (with an API key, the sandbox-holding test handler and
+    a sandbox directory of the test's, as a node's local scratch) and 2 dev-engine backends on the one node;
+    cancelled, if still running, when the test ends."""
+    # short: a sandbox's Unix socket path must fit in 107 bytes, and pytest's tmp_path is long
+    scratch = tempfile.mkdtemp(prefix="scr-")
     knobs = dev_engine_knobs(
         PRORL_API_KEY=API_KEY,
+        SANDBOX_DIR=scratch,
         SERVER_ARGS=f"--handler {Path(__file__).parent / 'slurm_handler.py'}:SandboxHoldHandler",
     )
     service = launch_service(slurm_cluster, ROOT / "deploy" / "slurm" / "launch.sh", tmp_path / "run", knobs)
@@ -47,3 +53,4 @@ def slurm_service(slurm_cluster: LocalSlurm, tmp_path: Path) -> Iterator[Service
         yield service
     finally:
         service.stop()
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -12,7 +12,7 @@ import httpx
 from polling import wait_for
 
 from prorl_server.client import SyncRolloutClient
-from prorl_server.sandbox import DEFAULT_BASE_DIR, cgroups
+from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.reaper import tagged_processes
 from prorl_server.testing.slurm import Service
 
@@ -61,9 +61,10 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
             for server in endpoints.servers
             for _ in range(2)
         ]
-        wait_for(lambda: all(client.get(j).status.value == "run" for j in holding), 120, "every job in RUN")
+        wait_for(lambda: all_running(client, holding), 120, "every job in RUN")
     wait_for(lambda: len(sandbox_owners(owner_prefixes)) == 2, 60, "both servers' sandboxes running")
-    assert sandbox_directories(owner_prefixes) and len(sandbox_directories(owner_prefixes)) == 2
+    scratch = Path(slurm_service.knobs["SANDBOX_DIR"]) / f"prorl-sandboxes-{os.geteuid()}"  # --sandbox-dir
+    assert len(sandbox_directories(scratch, owner_prefixes)) == 2
 
     slurm_service.cancel(slurm_service.servers_job)  # the service's main job only
     wait_for(slurm_service.gone, 120, "both jobs gone after scancel", interval=0.2)
@@ -71,7 +72,7 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
     assert not [pid for pid in server_pids + backend_pids if alive(pid)]
     assert not job_processes(slurm_service), "processes of the jobs survived"
     assert not sandbox_owners(owner_prefixes), "sandbox processes survived"
-    assert not sandbox_directories(owner_prefixes), "sandbox directories survived"
+    assert not sandbox_directories(scratch, owner_prefixes), "sandbox directories survived"
     assert not sandbox_cgroups(owner_prefixes), "sandbox cgroups survived"
     for name in ("server-*-0.log", "server-*-1.log"):
         (log,) = (slurm_service.run_dir / "logs").glob(name)
@@ -79,6 +80,16 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
         assert "pipeline stopped; 2 live jobs cancelled" in text  # graceful: its jobs were cancelled ...
         assert "Finished server process" in text  # ... and it exited by itself, before any SIGKILL
     assert "stopping the backends" in slurm_service.log(f"prorl-backends-{slurm_service.backends_job}.out")
+
+
+def all_running(client: SyncRolloutClient, job_ids: list[str]) -> bool:
+    """Whether every job is in RUN; fails at once, with its error, on one that has ended."""
+    for job_id in job_ids:
+        answer = client.get(job_id)
+        assert answer.result is None, f"job {job_id} ended {answer.status.value}: {answer.result.error}"
+        if answer.status.value != "run":
+            return False
+    return True
 
 
 def alive(pid: int) -> bool:
@@ -111,9 +122,9 @@ def sandbox_owners(prefixes: tuple[str, ...]) -> set[str]:
     return {t.owner for t in tagged_processes() if t.owner.startswith(prefixes) and alive(t.pid)}
 
 
-def sandbox_directories(prefixes: tuple[str, ...]) -> list[Path]:
-    """The given servers' private sandbox directories."""
-    return [d for d in DEFAULT_BASE_DIR.glob("prorl-*") if d.name.startswith(prefixes)]
+def sandbox_directories(base_dir: Path, prefixes: tuple[str, ...]) -> list[Path]:
+    """The given servers' private sandbox directories (one per server, holding one per sandbox)."""
+    return [d for d in base_dir.glob("prorl-*") if d.name.startswith(prefixes)]
 
 
 def sandbox_cgroups(prefixes: tuple[str, ...]) -> list[Path]:

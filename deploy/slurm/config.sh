@@ -30,6 +30,9 @@
 : "${EVAL_WORKERS:=}"
 : "${SANDBOX_RUNTIME:=auto}"      # --runtime: apptainer, bwrap, local or auto
 : "${SANDBOX_IMAGE:=}"            # --image: the default sandbox image (.sif for Apptainer)
+# --sandbox-dir: the sandboxes' host-side files; empty: the node's local scratch, $TMPDIR on the node
+# (Slurm sites often point it at a job-local disk), else /tmp
+: "${SANDBOX_DIR:=}"
 : "${SERVER_ARGS:=}"              # more `prorl-server serve` flags (handlers, policies, ...), word-split
 
 # --- LLM backends, on GPU nodes ----------------------------------------------------------------------
@@ -47,7 +50,7 @@
 : "${BACKEND_COMMAND:=vllm serve \"\$MODEL\" --host 0.0.0.0 --port \"\$PORT\" --tensor-parallel-size \"\$TENSOR_PARALLEL\" --enable-prefix-caching --scheduling-policy priority}"
 
 export RUN_DIR PRORL_SERVER READY_TIMEOUT WATCH_INTERVAL SERVERS_PER_NODE SERVER_PORT SERVER_BIND \
-  INIT_WORKERS RUN_WORKERS EVAL_WORKERS SANDBOX_RUNTIME SANDBOX_IMAGE SERVER_ARGS \
+  INIT_WORKERS RUN_WORKERS EVAL_WORKERS SANDBOX_RUNTIME SANDBOX_IMAGE SANDBOX_DIR SERVER_ARGS \
   BACKEND_NODES BACKENDS_PER_NODE BACKEND_PORT TENSOR_PARALLEL MODEL BACKEND_COMMAND
 
 log() { echo "[$(date +%H:%M:%S) $(hostname -s) ${SLURM_JOB_ID:-}] $*"; }

@@ -19,6 +19,7 @@ for i in $(seq 0 $(( SERVERS_PER_NODE - 1 ))); do
   "$PRORL_SERVER" serve --host "$SERVER_BIND" --port "$port" \
       --init-workers "${INIT_WORKERS:-$share}" --run-workers "${RUN_WORKERS:-$(( 8 * share ))}" \
       --eval-workers "${EVAL_WORKERS:-$share}" --runtime "$SANDBOX_RUNTIME" \
+      --sandbox-dir "${SANDBOX_DIR:-${TMPDIR:-/tmp}}" \
       ${SANDBOX_IMAGE:+--image "$SANDBOX_IMAGE"} $SERVER_ARGS \
       >"$RUN_DIR/logs/server-$host-$i.log" 2>&1 &
   servers+=($!)

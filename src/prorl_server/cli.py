@@ -14,6 +14,7 @@ from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
 from prorl_server.llm.judge import JudgeConfigError
 from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.sandbox.base import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             serve(settings)
-        except (HandlerLoadError, JudgeConfigError) as exc:
+        except (HandlerLoadError, JudgeConfigError, SandboxError) as exc:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)
