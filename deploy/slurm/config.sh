@@ -23,6 +23,9 @@
 : "${SERVERS_PER_NODE:=1}"        # prorl-server processes per node, sharing its cores
 : "${SERVER_PORT:=8000}"          # server i on a node listens on SERVER_PORT + i
 : "${SERVER_BIND:=0.0.0.0}"       # address the servers bind (other nodes must reach them)
+# Servers reachable from other nodes require the API key in $PRORL_API_KEY (trainers send it too);
+# launch.sh refuses to start them without one unless ALLOW_NO_API_KEY=1.
+: "${ALLOW_NO_API_KEY:=0}"
 # Workers per server; empty: sized by the server's share of the node's cores (c):
 # INIT = c (sandbox starts), RUN = 8 c (agent loops mostly wait for the LLM), EVAL = c (scoring).
 : "${INIT_WORKERS:=}"
