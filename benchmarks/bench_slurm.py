@@ -13,11 +13,14 @@ What runs, `--repeats` times each, taking turns:
               node (prorl_server.testing.slurm.dev_engine_knobs: one core per job). Start-up: submission ->
               the endpoints file exists (every server healthy with its backend registered) -> the first
               rollout (one `short_answer` job, 8 tokens, through `SyncRolloutClient.from_endpoints`) is back.
-              Teardown: `scancel` of the servers job -> Slurm lists neither job and no announced process lives.
+              Then two jobs per server that hold a bubblewrap sandbox until cancelled (`sandbox_hold`,
+              prorl_server.testing.hold_handler) are started. Teardown: `scancel` of the servers job -> Slurm
+              lists neither job, no announced process lives and no sandbox process of the servers is left.
     direct    the baseline: the same two dev engines and two servers (same flags) started with `LocalStack`,
               one after another, each waited for, then the backends registered with the same client call.
-              Start-up: first start -> registered -> first rollout back. Teardown: `LocalStack.stop()`
-              (SIGTERM to each, newest first, waiting for each to exit).
+              Start-up: first start -> registered -> first rollout back. The same sandbox-holding jobs. Teardown:
+              `LocalStack.stop()` (SIGTERM to each, newest first, waiting for each to exit) -> no sandbox
+              process of the servers is left.
 The cluster itself starts once (`scripts/setup-slurm.sh start`), timed apart.
 
 JSON output (`--json PATH`); times in seconds::
@@ -48,12 +51,14 @@ from _report import positive_int, report_header
 
 from prorl_server.client import SyncRolloutClient
 from prorl_server.launch import LocalStack
-from prorl_server.testing.slurm import LocalSlurm, dev_engine_knobs, launch_service, missing_slurm
+from prorl_server.sandbox.reaper import tagged_processes
+from prorl_server.testing.slurm import HOLD_HANDLER, LocalSlurm, dev_engine_knobs, launch_service, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = {"data_source": "short_answer", "question": "What is 2 + 2?", "answer": "4"}
 REQUEST = {"instance": QUESTION, "sampling_params": {"max_tokens": 8, "temperature": 0.7}}
-SERVER_FLAGS = ("--init-workers", "1", "--run-workers", "8", "--eval-workers", "1")  # one core per server
+SERVER_FLAGS = ("--init-workers", "1", "--run-workers", "8", "--eval-workers", "1", "--handler", HOLD_HANDLER)
+HOLDING_PER_SERVER = 2
 KEYS = ("ready_s", "first_rollout_s", "teardown_s")
 
 
@@ -64,10 +69,31 @@ def first_rollout(client: SyncRolloutClient) -> None:
         raise RuntimeError(f"the first rollout ended {result.status.value}: {result.error}")
 
 
+def hold_sandboxes(client: SyncRolloutClient, timeout_s: float = 120.0) -> None:
+    """Start HOLDING_PER_SERVER sandbox-holding jobs on each server; return once all of them are in RUN."""
+    holding = [
+        client.submit({"instance": {"data_source": "sandbox_hold"}}, server=server)
+        for server in client.servers
+        for _ in range(HOLDING_PER_SERVER)
+    ]
+    deadline = time.monotonic() + timeout_s
+    while not all(client.get(job_id).status.value == "run" for job_id in holding):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sandbox-holding jobs not all in RUN within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def sandbox_processes(server_pids: list[int]) -> list[int]:
+    """Live sandbox processes of the servers with these PIDs (by the owner tag)."""
+    prefixes = tuple(f"prorl-{pid}-" for pid in server_pids)
+    return [t.pid for t in tagged_processes() if t.owner.startswith(prefixes)]
+
+
 def run_slurm(cluster: LocalSlurm, run_dir: Path) -> dict[str, float]:
     """launch.sh without waiting; poll for the endpoints file; one rollout; scancel; poll until all is gone."""
     started = time.monotonic()
-    service = launch_service(cluster, ROOT / "deploy/slurm/launch.sh", run_dir, dev_engine_knobs(WAIT="0"))
+    knobs = dev_engine_knobs(WAIT="0", SERVER_ARGS=f"--handler {HOLD_HANDLER}")
+    service = launch_service(cluster, ROOT / "deploy/slurm/launch.sh", run_dir, knobs)
     try:
         while not service.endpoints_file.exists():
             if service.gone():
@@ -76,12 +102,14 @@ def run_slurm(cluster: LocalSlurm, run_dir: Path) -> dict[str, float]:
         ready = time.monotonic() - started
         with SyncRolloutClient.from_endpoints(service.endpoints_file, trust_env=False) as client:
             first_rollout(client)
-        rollout = time.monotonic() - started
-        pids = [a.pid for a in service.announcements("server") + service.announcements("backend")]
+            rollout = time.monotonic() - started
+            hold_sandboxes(client)
+        server_pids = [a.pid for a in service.announcements("server")]
+        pids = server_pids + [a.pid for a in service.announcements("backend")]
         stopping = time.monotonic()
         service.cancel(service.servers_job)
         service.wait_gone()
-        while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) or sandbox_processes(server_pids):
             time.sleep(0.05)
         return {"ready_s": ready, "first_rollout_s": rollout, "teardown_s": time.monotonic() - stopping}
     finally:
@@ -98,9 +126,13 @@ def run_direct(log_dir: Path) -> dict[str, float]:
             client.register_backends(backends)
             ready = time.monotonic() - started
             first_rollout(client)
-        rollout = time.monotonic() - started
+            rollout = time.monotonic() - started
+            hold_sandboxes(client)
+        server_pids = [proc.pid for proc in stack.procs[len(backends) :]]
         stopping = time.monotonic()
         stack.stop()
+        while sandbox_processes(server_pids):
+            time.sleep(0.05)
         teardown = time.monotonic() - stopping
     return {"ready_s": ready, "first_rollout_s": rollout, "teardown_s": teardown}
 

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from prorl_server.testing.slurm import LocalSlurm, Service, dev_engine_knobs, launch_service, missing_slurm
+from prorl_server.testing.slurm import (
+    HOLD_HANDLER,
+    LocalSlurm,
+    Service,
+    dev_engine_knobs,
+    launch_service,
+    missing_slurm,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_SLURM_ENV = "PRORL_REQUIRE_SLURM"
@@ -46,7 +53,7 @@ def slurm_service(slurm_cluster: LocalSlurm, tmp_path: Path) -> Iterator[Service
     knobs = dev_engine_knobs(
         PRORL_API_KEY=API_KEY,
         SANDBOX_DIR=scratch,
-        SERVER_ARGS=f"--handler {Path(__file__).parent / 'slurm_handler.py'}:SandboxHoldHandler",
+        SERVER_ARGS=f"--handler {HOLD_HANDLER}",
     )
     service = launch_service(slurm_cluster, ROOT / "deploy" / "slurm" / "launch.sh", tmp_path / "run", knobs)
     try:

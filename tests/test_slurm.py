@@ -57,7 +57,8 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
     owner_prefixes = tuple(f"prorl-{pid}-" for pid in server_pids)
     with SyncRolloutClient.from_endpoints(slurm_service.endpoints_file, api_key=api_key, trust_env=False) as client:
         holding = [
-            client.submit({"instance": {"data_source": "sandbox_hold"}}, server=server)
+            # each takes 3 s to unwind once cancelled: the servers' graceful stop must be waited for
+            client.submit({"instance": {"data_source": "sandbox_hold", "unwind_s": 3}}, server=server)
             for server in endpoints.servers
             for _ in range(2)
         ]

@@ -26,6 +26,8 @@ from types import TracebackType
 
 from prorl_server.protocol.endpoints import Announcement, Endpoints, read_endpoints
 
+HOLD_HANDLER = "prorl_server.testing.hold_handler:SandboxHoldHandler"
+"""`--handler` of the jobs that hold a sandbox until cancelled (`data_source` "sandbox_hold")."""
 SLURM_TOOLS = ("sbatch", "squeue", "scancel", "slurmctld", "slurmd", "munged")
 LAUNCH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
