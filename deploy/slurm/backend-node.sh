@@ -5,7 +5,7 @@
 set -euo pipefail
 source "$DEPLOY_DIR/config.sh"
 
-host=$(hostname)
+host=${NODE_ADDRESS:-$(hostname)}
 mkdir -p "$RUN_DIR/logs"
 # the GPUs Slurm gave this job on this node (ids as CUDA sees them), split TENSOR_PARALLEL at a time
 IFS=, read -r -a gpus <<<"${CUDA_VISIBLE_DEVICES:-}"

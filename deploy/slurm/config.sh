@@ -12,6 +12,9 @@
 : "${READY_TIMEOUT:=1800}"
 # Seconds between checks that the other job of the deployment still runs (each ends itself without it).
 : "${WATCH_INTERVAL:=10}"
+# The name the trainer and the other nodes reach a node by (empty: the node's `hostname`). Set it only
+# when that name does not resolve on the cluster network, e.g. to 127.0.0.1 on a one-node setup.
+: "${NODE_ADDRESS:=}"
 # Time limit of both jobs (sbatch --time), and extra sbatch options for both (account, QoS, ...).
 : "${TIME_LIMIT:=24:00:00}"
 : "${SBATCH_EXTRA:=}"
@@ -52,7 +55,7 @@
 # It must serve vLLM's HTTP protocol on $PORT with GET /health; replace it to run another engine.
 : "${BACKEND_COMMAND:=vllm serve \"\$MODEL\" --host 0.0.0.0 --port \"\$PORT\" --tensor-parallel-size \"\$TENSOR_PARALLEL\" --enable-prefix-caching --scheduling-policy priority}"
 
-export RUN_DIR PRORL_SERVER READY_TIMEOUT WATCH_INTERVAL SERVERS_PER_NODE SERVER_PORT SERVER_BIND \
+export RUN_DIR PRORL_SERVER READY_TIMEOUT WATCH_INTERVAL NODE_ADDRESS SERVERS_PER_NODE SERVER_PORT SERVER_BIND \
   INIT_WORKERS RUN_WORKERS EVAL_WORKERS SANDBOX_RUNTIME SANDBOX_IMAGE SANDBOX_DIR SERVER_ARGS \
   BACKEND_NODES BACKENDS_PER_NODE BACKEND_PORT TENSOR_PARALLEL MODEL BACKEND_COMMAND
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$DEPLOY_DIR/config.sh"
 
-host=$(hostname)
+host=${NODE_ADDRESS:-$(hostname)}
 cores=${SLURM_CPUS_ON_NODE:-$(nproc)}
 share=$(( cores / SERVERS_PER_NODE > 0 ? cores / SERVERS_PER_NODE : 1 ))   # cores per server
 mkdir -p "$RUN_DIR/logs"
