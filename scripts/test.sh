@@ -16,6 +16,13 @@ fi
 if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
 fi
+# Slurm (Debian's slurm-wlm + munge) for the deployment tests on a single-node cluster (tests/test_slurm.py,
+# which starts and stops it with scripts/setup-slurm.sh); about 10 s the first time. As root it must work,
+# so a missing Slurm fails those tests instead of skipping them.
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$root/scripts/setup-slurm.sh" install
+  export PRORL_REQUIRE_SLURM=1
+fi
 # The real vLLM (CPU build) for the tests that run against both engines (2-4 minutes the first time,
 # a second after). Where it cannot run (not Linux x86_64 with AVX2) those tests skip; elsewhere they must run.
 vllm_status=0

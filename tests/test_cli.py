@@ -84,6 +84,20 @@ def test_serve_exits_with_a_clear_message_on_a_bad_handler():
     assert "cannot import 'nosuchmod'" in done.stderr
 
 
+def test_serve_refuses_a_sandbox_dir_too_long_for_unix_socket_paths(tmp_path):
+    exe = shutil.which("prorl-server") or str(Path(sys.executable).parent / "prorl-server")
+    too_long = tmp_path / ("d" * 60)
+    done = subprocess.run(
+        [exe, "serve", "--port", str(free_port()), "--runtime", "local", "--sandbox-dir", str(too_long)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"sandboxes' directory {too_long}/prorl-sandboxes-{os.geteuid()} is too long" in done.stderr
+    assert "bytes shorter (serve: --sandbox-dir)" in done.stderr
+
+
 def start_serve(tmp_path: Path, env: dict[str, str], *options: str) -> tuple[subprocess.Popen, str, Path]:
     """`prorl-server serve` on a free port with stderr to a file; returns the process, its URL and the log."""
     port = free_port()

@@ -29,7 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "result_retention_s",
         "cancel_grace_s",
     ),
-    "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image"),
+    "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image", "sandbox_dir"),
     "LLM backends": (
         "llm_servers",
         "placement",
@@ -73,6 +73,7 @@ METAVARS: dict[str, str] = {
     "api_key": "KEY",
     "max_body_bytes": "BYTES",
     "sandbox_image": "IMAGE",
+    "sandbox_dir": "DIR",
     "llm_servers": "URL",
     "judge_servers": "URL",
     "judge_model": "MODEL",

@@ -21,6 +21,7 @@ from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
+from prorl_server.sandbox.private_dir import user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
@@ -194,8 +195,9 @@ def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxM
     guard = NetworkGuard(
         api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports, judge_ports=judge_ports
     )
-    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard)
-    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image))
+    base_dir = user_dir(str(settings.sandbox_dir / "prorl-sandboxes"))
+    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard, base_dir=base_dir)
+    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image), base_dir=base_dir)
 
 
 async def get_state(request: Request) -> ServerState:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
@@ -22,9 +23,16 @@ class SandboxManager:
     of `/stop` and shutdown, after each job has released its own.
     """
 
-    def __init__(self, runtime: Runtime, owner: str, default_spec: SandboxSpec | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        owner: str,
+        default_spec: SandboxSpec | None = None,
+        base_dir: Path = reaper.DEFAULT_BASE_DIR,
+    ) -> None:
         self.runtime = runtime
         self.owner = owner
+        self.base_dir = base_dir  # the runtime's: where its sandboxes' private directories are
         self.default_spec = default_spec or SandboxSpec()
         self._lock = threading.Lock()
         self._live: set[Sandbox] = set()
@@ -76,7 +84,7 @@ class SandboxManager:
 
     def reap_orphans(self) -> int:
         """On server start: kill what sandboxes of dead server instances left behind; returns how many."""
-        killed = reaper.reap_orphans(self.owner)
+        killed = reaper.reap_orphans(self.owner, self.base_dir)
         if killed:
             log.warning("reaped %d processes left by sandboxes of earlier server instances", len(killed))
         return len(killed)
@@ -88,5 +96,5 @@ class SandboxManager:
         leftover = reaper.reap(owner=self.owner)
         if leftover:
             log.warning("reaped %d processes that outlived their sandboxes", len(leftover))
-        reaper.remove_owner_files(self.owner)
+        reaper.remove_owner_files(self.owner, self.base_dir)
         return closed
