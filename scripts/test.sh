@@ -4,6 +4,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" test
 bash "$root/scripts/system-deps.sh"
+# where system-deps.sh can install chromium (root and apt-get), the dashboard test must run, not skip
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  export PRORL_REQUIRE_CHROMIUM=1
+fi
 # A real Apptainer for the apptainer runtime tests (root only; about 2.5 min the first time, 2 s after).
 if [ "$(id -u)" -eq 0 ] && [ -z "${PRORL_APPTAINER:-}" ] && ! command -v apptainer >/dev/null; then
   echo "==> setting up Apptainer under /tmp/apptainer-test (first time: about 2.5 minutes)"
@@ -11,6 +15,13 @@ if [ "$(id -u)" -eq 0 ] && [ -z "${PRORL_APPTAINER:-}" ] && ! command -v apptain
 fi
 if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
+fi
+# Slurm (Debian's slurm-wlm + munge) for the deployment tests on a single-node cluster (tests/test_slurm.py,
+# which starts and stops it with scripts/setup-slurm.sh); about 10 s the first time. As root it must work,
+# so a missing Slurm fails those tests instead of skipping them.
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$root/scripts/setup-slurm.sh" install
+  export PRORL_REQUIRE_SLURM=1
 fi
 # The real vLLM (CPU build) for the tests that run against both engines (2-4 minutes the first time,
 # a second after). Where it cannot run (not Linux x86_64 with AVX2) those tests skip; elsewhere they must run.

@@ -265,7 +265,7 @@ def test_stall_timeout_from_max_tokens_and_measured_speed():
     pool = pool_with(1, "sticky_least_loaded")
     (backend,) = pool.backends()
     assert pool.completion_timeout(backend, None) is None  # length unknown: only the request timeout
-    pool.observe_speed(backend, 500, 5.0)
+    pool.observe_completion(backend, 100, 500, 5.0)
     assert pool.completion_timeout(backend, 4000) == derived_stall_timeout_s(4000, backend.tokens_per_s)
     configured = BackendPool(VLLMClient(), stall_timeout_s=2.0)
     assert configured.completion_timeout(backend, 4000) == 2.0 and configured.short_call_timeout == 2.0

@@ -73,6 +73,20 @@ def test_serve_exits_with_a_clear_message_on_a_bad_handler():
     assert "cannot import 'nosuchmod'" in done.stderr
 
 
+def test_serve_refuses_a_sandbox_dir_too_long_for_unix_socket_paths(tmp_path):
+    exe = shutil.which("prorl-server") or str(Path(sys.executable).parent / "prorl-server")
+    too_long = tmp_path / ("d" * 60)
+    done = subprocess.run(
+        [exe, "serve", "--port", str(free_port()), "--runtime", "local", "--sandbox-dir", str(too_long)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"sandboxes' directory {too_long}/prorl-sandboxes-{os.geteuid()} is too long" in done.stderr
+    assert "bytes shorter (serve: --sandbox-dir)" in done.stderr
+
+
 def test_serve_takes_the_api_key_from_the_environment_and_requires_it(tmp_path, backend):
     env = {**os.environ, API_KEY_ENV: "cli-test-key"}
     proc, url, log = start_serve(tmp_path, env, "--host", "0.0.0.0", "--llm-server", backend.address)

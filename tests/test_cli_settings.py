@@ -64,7 +64,7 @@ def sample(name: str) -> tuple[list[str], Any]:
         return [flag, choice], choice
     if get_origin(annotation) is list:
         return [flag, "a", flag, "b"], ["a", "b"]
-    value = {int: 2048, float: 7.5, str: "sample"}[annotation]
+    value = {int: 2048, float: 7.5, str: "sample", Path: Path("/scratch/local")}[annotation]
     assert value != field.default
     return [flag, str(value)], value
 

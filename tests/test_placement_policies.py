@@ -156,8 +156,10 @@ def test_presorted_dp_separates_predicted_long_from_short_jobs(start_server, sta
 
 def migrating_run(start_server, start_backend, **settings):
     """L (its one call kept running) on one backend, S1, S2 and M (a short prompt) on the other; M's first
-    answer is far longer than any finished trajectory, so at its tool-call boundary it is the longest."""
+    answer is far longer than any finished trajectory, so at its tool-call boundary it is the longest. The
+    profile makes each co-runner cost a quarter more per token, so sharing with one instead of two matters."""
     backends = [start_backend(), start_backend()]
+    settings.setdefault("interference_profile", "1:0.02,2:0.025,3:0.03")
     server, handler = start(start_server, backends, placement="presorted_dp", **settings)
     train(server, backends)
     script(backends, "L", ScriptedReply(text="hold", delay_s=30))
@@ -218,13 +220,14 @@ def test_the_placer_solves_the_dp_once_per_new_job_and_moves_by_the_rescaled_siz
     monkeypatch.setattr(placement_runtime, "place", lambda *args: solved.append(args) or place(*args))
     backends = ["a", "b"]
     assert placer.place_new("L", TrajectoryView("d", "l", prompt_len=1), backends) == "a"
-    assert [placer.place_new(k, TrajectoryView("d", "s", prompt_len=2), backends) for k in "STU"] == ["b"] * 3
-    assert len(solved) == 4
+    shorts = ["S"] + [f"s{i}" for i in range(15)]
+    assert [placer.place_new(k, TrajectoryView("d", "s", prompt_len=2), backends) for k in shorts] == ["b"] * 16
+    assert len(solved) == 17
     grown = TrajectoryView("d", "s", prompt_len=2, turns=1, model_tokens=50)
     assert placer.at_boundary("S", grown, "b", backends) is None  # still short: stays
     predictor.remaining[2] = 5000.0  # S is now predicted the longest: the first group's backend is its target
     placer.prefill_s_per_token = 1.0  # but recomputing its 52 context tokens would cost more than the move saves
     assert placer.at_boundary("S", grown, "b", backends) is None
-    placer.prefill_s_per_token = 1e-4
+    placer.prefill_s_per_token = 1e-4  # sharing "a" with one, not "b" with 15: 0.0206 instead of 0.028 s per token
     assert placer.at_boundary("S", grown, "b", backends) == "a"
-    assert len(solved) == 4  # boundaries never re-solve the DP
+    assert len(solved) == 17  # boundaries never re-solve the DP

@@ -192,6 +192,23 @@ def test_profile_interpolates_piecewise_linearly() -> None:
     assert not Profile.from_points([(1, 0.2), (2, 0.1)]).nondecreasing
 
 
+def test_past_the_batch_limit_trajectories_share_the_slots() -> None:
+    profile = Profile.from_points([(1, 0.01), (4, 0.02)]).with_batch_limit(4)
+    assert profile.seconds_per_token(4) == pytest.approx(0.02)
+    assert profile.seconds_per_token(8) == pytest.approx(0.04)  # 8 share 4 slots: half a slot each
+    assert profile.with_batch_limit(None).seconds_per_token(8) == pytest.approx(0.1 / 3)  # extended slope
+    with pytest.raises(ValueError, match="at least 1"):
+        profile.with_batch_limit(0)
+
+
+def test_placement_weighs_a_group_past_the_batch_limit_as_waiting() -> None:
+    lengths = [1000.0] + [400.0] * 11
+    unlimited = Profile.from_points([(1, 0.01), (16, 0.011)])
+    assert place(lengths, 2, unlimited).sizes == (1, 11)
+    # two slots per backend: eleven shorter ones would queue behind each other; the long one takes company
+    assert place(lengths, 2, unlimited.with_batch_limit(2)).sizes == (3, 9)
+
+
 @pytest.mark.parametrize(
     "points", [[], [(1, 0.1), (1, 0.2)], [(0, 0.1)], [(1, -0.1)]], ids=["empty", "duplicate", "zero", "negative"]
 )
@@ -326,6 +343,16 @@ def test_migration_waits_for_a_tool_boundary() -> None:
 def test_migration_is_skipped_when_the_recompute_costs_more_than_it_gains() -> None:
     moves = plan_migrations(migration_case(True, 10**6), [1, 3], PROFILE, prefill_s_per_token=1e-4)
     assert all(m.key != "now-long" for m in moves)  # 100 s of prefill for 50 s of gain
+
+
+def test_migration_between_backends_that_finish_before_the_slowest_gains_nothing() -> None:
+    live = [
+        LiveTrajectory("long", 0, 5000.0, 10, False),  # backend 0 sets the makespan: 0.01 * 5000 = 50 s
+        LiveTrajectory("a", 1, 50.0, 10, False),
+        LiveTrajectory("b", 2, 90.0, 10, False),
+        LiveTrajectory("c", 2, 80.0, 10, True),  # ranked into backend 1's group; moving it saves 0.2 s there
+    ]
+    assert plan_migrations(live, [1, 2, 1], PROFILE, prefill_s_per_token=0.0) == []
 
 
 def test_migration_leaves_well_placed_trajectories_alone() -> None:

@@ -15,6 +15,7 @@ from prorl_server.handlers import HandlerLoadError
 from prorl_server.journal import JournalError
 from prorl_server.llm.judge import JudgeConfigError
 from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.sandbox.base import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_llm(sub)
     add_sim_llm(sub)
     add_vllm(sub)
+    add_slurm(sub)
     return parser
 
 
@@ -61,6 +63,14 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
 
     vllm = sub.add_parser("vllm", help="start or stop the real vLLM on this CPU (after scripts/setup-vllm.sh)")
     add_arguments(vllm)
+
+
+def add_slurm(sub: argparse._SubParsersAction) -> None:
+    """The `slurm` subcommand: the steps of the sbatch scripts in deploy/slurm/ (prorl_server.launch.slurm)."""
+    from prorl_server.launch.slurm_cli import add_arguments
+
+    slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register)")
+    add_arguments(slurm)
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             serve(settings)
-        except (HandlerLoadError, JudgeConfigError, JournalError) as exc:
+        except (HandlerLoadError, JudgeConfigError, SandboxError, JournalError) as exc:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)
@@ -179,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
 
         run_vllm(args)
+    elif args.command == "slurm":
+        from prorl_server.launch.slurm_cli import run_from_args as run_slurm
+
+        run_slurm(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ declared here once; the sandbox registry and the placement policies are keyed by
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
@@ -56,6 +57,12 @@ class ServerSettings(BaseModel):
         default=None,
         description="Default image of ctx.start_sandbox(): a .sif or directory for Apptainer, a root directory "
         "for bubblewrap.",
+    )
+    sandbox_dir: Path = Field(
+        default=Path("/tmp"),
+        description="Where sandboxes keep their host-side files (sockets, overlays; the local runtime's "
+        "workspaces): in DIR/prorl-sandboxes-<uid>/, private to the server's user. On a cluster, the node's "
+        "local scratch.",
     )
     llm_servers: list[str] = Field(
         default_factory=list,
@@ -193,7 +200,8 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(
         default=None,
         min_length=1,
-        description="Bearer token every endpoint but /health requires (prefer $PRORL_API_KEY: a flag shows in ps).",
+        description="Bearer token every endpoint but /health and the dashboard's static page requires (prefer "
+        "$PRORL_API_KEY: a flag shows in ps).",
         repr=False,
     )
     max_body_bytes: int = Field(

@@ -30,7 +30,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "cancel_grace_s",
     ),
     "results journal": ("journal", "journal_sync", "journal_compact_interval_s"),
-    "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image"),
+    "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image", "sandbox_dir"),
     "LLM backends": (
         "llm_servers",
         "placement",
@@ -74,6 +74,7 @@ METAVARS: dict[str, str] = {
     "api_key": "KEY",
     "max_body_bytes": "BYTES",
     "sandbox_image": "IMAGE",
+    "sandbox_dir": "DIR",
     "llm_servers": "URL",
     "judge_servers": "URL",
     "judge_model": "MODEL",

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from prorl_server import __version__
-from prorl_server.api import groups, jobs, lifecycle, llm_servers
+from prorl_server.api import dashboard, groups, jobs, lifecycle, llm_servers, metrics
 from prorl_server.api.auth import ApiKeyMiddleware
 from prorl_server.api.body_limit import BodyLimitMiddleware
 from prorl_server.api.errors import install_error_handlers
@@ -21,8 +21,8 @@ from prorl_server.pipeline.groups import GroupRunner
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
     """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown.
 
-    With `settings.api_key`, every request but `GET /health` needs the key (checked first, before the body
-    is read); bodies over `settings.max_body_bytes` get 413.
+    With `settings.api_key`, every request but `GET /health` and the dashboard's static page needs the key
+    (checked first, before the body is read); bodies over `settings.max_body_bytes` get 413.
     """
     state = state or ServerState.build(settings or ServerSettings())
 
@@ -38,7 +38,7 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     app.state.server = state
     app.state.groups = GroupRunner(state.orchestrator)
     install_error_handlers(app)
-    for module in (jobs, groups, llm_servers, lifecycle):
+    for module in (jobs, groups, llm_servers, lifecycle, metrics, dashboard):
         app.include_router(module.router)
     app.include_router(weights_router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)

@@ -7,12 +7,14 @@ import hmac
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-OPEN_PATH = "/health"
-"""The one path answered without the key (GET and HEAD), so supervisors can probe liveness."""
+OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
+"""Paths answered without the key (GET and HEAD): `/health`, so supervisors can probe liveness, and the
+dashboard's static page, script and style sheet, which hold no server data (its data, `/dashboard/data`,
+needs the key)."""
 
 
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on every request but `GET /health` (401 otherwise).
+    """Require `Authorization: Bearer <key>` on every request but GET of `OPEN_PATHS` (401 otherwise).
 
     The presented key is compared with `hmac.compare_digest`, in time independent of where it differs.
     """
@@ -28,7 +30,7 @@ class ApiKeyMiddleware:
             await _UNAUTHORIZED(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        if scope["path"] == OPEN_PATH and scope.get("method") in ("GET", "HEAD"):
+        if scope["path"] in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
             return True
         for name, value in scope["headers"]:
             if name == b"authorization":

@@ -17,10 +17,12 @@ from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
+from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
+from prorl_server.sandbox.private_dir import user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
@@ -69,7 +71,7 @@ class ResultSignal:
 
 @dataclass
 class ServerState:
-    """Settings, handler registry, backend pool, orchestrator and the health-check thread."""
+    """Settings, handler registry, backend pool, orchestrator, the health-check thread and the metrics."""
 
     settings: ServerSettings
     registry: HandlerRegistry
@@ -78,6 +80,10 @@ class ServerState:
     health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
     signal: ResultSignal = field(default_factory=ResultSignal)
     journal: Journal | None = None
+    metrics: ServerMetrics = field(init=False)  # GET /metrics and the dashboard's numbers
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.orchestrator)
 
     @classmethod
     def build(
@@ -177,11 +183,13 @@ def build_dispatch(settings: ServerSettings) -> DispatchPolicy:
 
 
 def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> PlacementPolicy:
-    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor."""
+    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor and
+    weighs a group past `--max-inflight-per-backend` as waiting for slots."""
+    profile = interference_profile(settings.interference_profile)
     return make_policy(
         settings.placement,
         predictor=dispatch.predictor,
-        profile=interference_profile(settings.interference_profile),
+        profile=profile.with_batch_limit(settings.max_inflight_per_backend),
         prefill_s_per_token=settings.migration_prefill_s_per_token,
     )
 
@@ -214,8 +222,9 @@ def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxM
     guard = NetworkGuard(
         api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports, judge_ports=judge_ports
     )
-    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard)
-    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image))
+    base_dir = user_dir(str(settings.sandbox_dir / "prorl-sandboxes"))
+    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard, base_dir=base_dir)
+    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image), base_dir=base_dir)
 
 
 async def get_state(request: Request) -> ServerState:

@@ -9,6 +9,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from prorl_server.protocol import (
     UpdateResponse,
     WeightsStatus,
 )
+from prorl_server.protocol.endpoints import read_endpoints
 from prorl_server.protocol.server import API_KEY_ENV
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,6 +113,12 @@ class RolloutClient:
         self._loads = LoadTracker(urls, load_refresh_s)
         self._owners: dict[str, str] = {}
         self._group_owners: dict[str, str] = {}
+
+    @classmethod
+    def from_endpoints(cls, path: str | Path, **options: Any) -> RolloutClient:
+        """A client of the servers listed in an endpoints file (written by deploy/slurm/); `options` as for
+        the constructor."""
+        return cls(read_endpoints(path).servers, **options)
 
     # lifetime --------------------------------------------------------------------------------------
 

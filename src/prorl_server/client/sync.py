@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from prorl_server.protocol import (
     UpdateResponse,
     WeightsStatus,
 )
+from prorl_server.protocol.endpoints import read_endpoints
 
 T = TypeVar("T")
 
@@ -50,6 +52,11 @@ class SyncRolloutClient:
         except BaseException:
             self._stop_loop()
             raise
+
+    @classmethod
+    def from_endpoints(cls, path: str | Path, **options: Any) -> SyncRolloutClient:
+        """A client of the servers listed in an endpoints file (written by deploy/slurm/)."""
+        return cls(read_endpoints(path).servers, **options)
 
     # lifetime --------------------------------------------------------------------------------------
 

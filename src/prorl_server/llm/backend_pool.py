@@ -76,6 +76,9 @@ class BackendPool:
         self.current_version: str | int | None = None  # the version last set by set_weight_version
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
         self._admission: dict[str, AdmissionGate] = {}  # per backend address, with max_inflight_per_backend
+        # metrics: each answered completion (address, prompt tokens, output tokens, seconds), each failed request
+        self.on_completion: Callable[[str, int, int, float], None] | None = None
+        self.on_failure: Callable[[str], None] | None = None
 
     # registration -----------------------------------------------------------------------------
 
@@ -292,6 +295,8 @@ class BackendPool:
             opened = backend.breaker.record_failure(lease.trial)
             backend.last_error = error
             failures, cooldown = backend.breaker.consecutive_failures, backend.breaker.cooldown_s
+        if self.on_failure is not None:
+            self.on_failure(backend.address)
         if opened:
             log.warning(
                 "LLM backend %s out of placement for at least %gs after %d failed request(s): %s",
@@ -343,10 +348,13 @@ class BackendPool:
 
     # speed and stall timeouts -------------------------------------------------------------------
 
-    def observe_speed(self, backend: Backend, output_tokens: int, seconds: float) -> None:
-        """Fold one completion's output speed into the backend's moving average."""
+    def observe_completion(self, backend: Backend, prompt_tokens: int, output_tokens: int, seconds: float) -> None:
+        """One completion answered: fold its output speed into the backend's moving average (and tell
+        `on_completion`)."""
         with self._lock:
             backend.tokens_per_s = updated_speed(backend.tokens_per_s, output_tokens, seconds)
+        if self.on_completion is not None:
+            self.on_completion(backend.address, prompt_tokens, output_tokens, seconds)
 
     def completion_timeout(self, backend: Backend, max_new_tokens: int | None) -> float | None:
         """Stall timeout of a completion: the configured one, else derived from `max_new_tokens` and the

@@ -218,7 +218,8 @@ class LLMSession:
                 timeout_s=self.pool.completion_timeout(backend, max_new),
                 job_id=self.job_id,
             )
-            self.pool.observe_speed(backend, len(completion.output_ids), time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            self.pool.observe_completion(backend, len(prompt), len(completion.output_ids), elapsed)
             return completion, version
 
         if not self._finished:  # placement, or a move at a tool-call boundary (no call of the job is running)

@@ -39,6 +39,8 @@ class ResultStore:
         self._digests: dict[str, str] = {}  # job id -> digest of the request that produced the stored result
         self._by_job: dict[str, int] = {}
         self.on_put: Callable[[], None] | None = None
+        self.on_stored: Callable[[JobResult], None] | None = None  # metrics: each result stored
+        self.on_acknowledged: Callable[[int], None] | None = None  # metrics: how many results an ack removed
         self.log: ResultLog | None = None  # told of every put and ack under the store's lock (their order)
 
     def put(self, result: JobResult, request_digest: str = "") -> int:
@@ -59,6 +61,8 @@ class ResultStore:
                 self.log.stored(seq, result, request_digest)
         if self.on_put is not None:
             self.on_put()
+        if self.on_stored is not None:
+            self.on_stored(result)
         return seq
 
     def restore(self, entries: Iterable[tuple[int, JobResult, str, float]], next_seq: int) -> None:
@@ -126,6 +130,8 @@ class ResultStore:
             self._compact_locked()
             if removed and self.log is not None:
                 self.log.removed(removed)
+        if removed and self.on_acknowledged is not None:
+            self.on_acknowledged(len(removed))
         return len(removed)
 
     def __len__(self) -> int:

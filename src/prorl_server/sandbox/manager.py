@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
@@ -20,16 +23,37 @@ class SandboxManager:
     of `/stop` and shutdown, after each job has released its own.
     """
 
-    def __init__(self, runtime: Runtime, owner: str, default_spec: SandboxSpec | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        owner: str,
+        default_spec: SandboxSpec | None = None,
+        base_dir: Path = reaper.DEFAULT_BASE_DIR,
+    ) -> None:
         self.runtime = runtime
         self.owner = owner
+        self.base_dir = base_dir  # the runtime's: where its sandboxes' private directories are
         self.default_spec = default_spec or SandboxSpec()
         self._lock = threading.Lock()
         self._live: set[Sandbox] = set()
+        # metrics: each start (seconds it took, or None when it failed), and each tool request of the sandboxes
+        # started afterwards (action, seconds, whether it succeeded)
+        self.on_start: Callable[[float | None], None] | None = None
+        self.on_tool_request: Callable[[str, float, bool], None] | None = None
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox (the default spec unless given) and track it."""
-        sandbox = await self.runtime.start(spec or self.default_spec)
+        started = time.monotonic()
+        try:
+            sandbox = await self.runtime.start(spec or self.default_spec)
+        except Exception:  # a cancelled start is no failure
+            if self.on_start is not None:
+                self.on_start(None)
+            raise
+        if self.on_start is not None:
+            self.on_start(time.monotonic() - started)
+        if self.on_tool_request is not None:
+            sandbox.tools.on_request = self.on_tool_request
         with self._lock:
             self._live.add(sandbox)
         return sandbox
@@ -60,7 +84,7 @@ class SandboxManager:
 
     def reap_orphans(self) -> int:
         """On server start: kill what sandboxes of dead server instances left behind; returns how many."""
-        killed = reaper.reap_orphans(self.owner)
+        killed = reaper.reap_orphans(self.owner, self.base_dir)
         if killed:
             log.warning("reaped %d processes left by sandboxes of earlier server instances", len(killed))
         return len(killed)
@@ -72,5 +96,5 @@ class SandboxManager:
         leftover = reaper.reap(owner=self.owner)
         if leftover:
             log.warning("reaped %d processes that outlived their sandboxes", len(leftover))
-        reaper.remove_owner_files(self.owner)
+        reaper.remove_owner_files(self.owner, self.base_dir)
         return closed

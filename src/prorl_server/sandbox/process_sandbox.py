@@ -156,9 +156,28 @@ class Slot:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+MAX_SOCKET_PATH = 107
+"""Bytes of a Unix socket's path, at most (`sun_path` holds 108 with the final NUL)."""
+
+
+def new_sandbox_id() -> str:
+    """A fresh sandbox id: `sbx-` and 12 hex digits."""
+    return f"sbx-{uuid.uuid4().hex[:12]}"
+
+
+def check_socket_room(base_dir: Path, owner: str) -> None:
+    """SandboxError, saying how long `base_dir` may be, if its sandboxes' socket paths would not fit."""
+    longest = len(os.fsencode(base_dir / owner / new_sandbox_id() / SOCKET_NAME))
+    if longest > MAX_SOCKET_PATH:
+        raise SandboxError(
+            f"the sandboxes' directory {base_dir} is too long: their Unix socket paths would have {longest} bytes, "
+            f"at most {MAX_SOCKET_PATH} fit; choose one {longest - MAX_SOCKET_PATH} bytes shorter (serve: --sandbox-dir)"
+        )
+
+
 def new_slot(base_dir: Path, owner: str, hierarchies: list[cgroups.Hierarchy], subdirs: tuple[str, ...]) -> Slot:
     """A fresh id, `<base>/<owner>/<id>/` (mode 0700) with `subdirs`, a listening socket, unlimited cgroups."""
-    sandbox_id = f"sbx-{uuid.uuid4().hex[:12]}"
+    sandbox_id = new_sandbox_id()
     ensure_private_dir(base_dir)
     (base_dir / owner).mkdir(mode=0o700, exist_ok=True)
     directory = base_dir / owner / sandbox_id
@@ -414,6 +433,7 @@ class ProcessRuntime(Runtime):
         grace_s: float = 2.0,
         network_guard: NetworkGuard | None = None,
     ) -> None:
+        check_socket_room(base_dir, owner)
         self.owner = owner
         self.base_dir = base_dir
         self.loopback = loopback or LoopbackAllocator()

@@ -8,12 +8,15 @@ exceeds r; backends are numbered as in `Placement.groups` (backend 0 had the lon
 whose backend differs from that target is a candidate.
 
 A candidate moves only at a tool-call boundary (while its tool runs, nothing is generating for it) and only
-when the move pays: the move's gain is how much it lowers the estimated finish time of the two backends
-involved, max(T_source, T_target) before minus after, where T_b = I(|b|) * the longest predicted remaining
-length on b; its cost is recomputing the trajectory's prefix on the new backend, `prefill_s_per_token` times
-its context length. Candidates are taken longest first (Heddle's migration scheduler favours long
-trajectories) and each accepted move updates the state the next one is judged against. Not implemented:
-KV-cache transfer between backends and the scheduler that keeps concurrent transfers off shared endpoints.
+when the move pays: the move's gain is how much it lowers the estimated makespan, max over backends of
+T_b = I(|b|) * the longest predicted remaining length on b, before minus after; its cost is recomputing the
+trajectory's prefix on the new backend, `prefill_s_per_token` times its context length. Judging by the
+makespan rather than by the two backends involved keeps moves to those that shorten the slowest backend:
+a move between two backends that both finish early gains nothing and would only throw away the prefix
+cache. A move must also shorten the estimate by `MIN_GAIN_FRACTION` of it: the predictions it rests on are
+far less precise than that, so a smaller estimated gain is noise that costs a prefix cache. Candidates are taken longest first (Heddle's migration scheduler favours long trajectories) and each
+accepted move updates the state the next one is judged against. Not implemented: KV-cache transfer between
+backends and the scheduler that keeps concurrent transfers off shared endpoints.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prorl_server.scheduling.profile import Profile
+
+MIN_GAIN_FRACTION = 0.05
+"""Least share of the estimated makespan a migration must save (module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +99,14 @@ def plan_migrations(
         t, target = live[index], targets[index]
         if target == t.backend or not t.at_tool_boundary:
             continue
+        finish = [finish_s(group) for group in members]
+        before = max(finish)
         source, destination = members[t.backend], members[target]
-        before = max(finish_s(source), finish_s(destination))
-        after = max(
-            finish_s({k: v for k, v in source.items() if k != t.key}),
-            finish_s({**destination, t.key: t.remaining_tokens}),
-        )
-        cost = prefill_s_per_token * t.context_tokens
-        if before - after > cost:
+        finish[t.backend] = finish_s({k: v for k, v in source.items() if k != t.key})
+        finish[target] = finish_s({**destination, t.key: t.remaining_tokens})
+        gain, cost = before - max(finish), prefill_s_per_token * t.context_tokens
+        if gain > cost and gain >= MIN_GAIN_FRACTION * before:
             del source[t.key]
             destination[t.key] = t.remaining_tokens
-            moves.append(Migration(t.key, t.backend, target, before - after, cost))
+            moves.append(Migration(t.key, t.backend, target, gain, cost))
     return moves

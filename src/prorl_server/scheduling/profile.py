@@ -5,6 +5,10 @@ Heddle profiles per-token time across batch sizes and derives the interference o
 them; below the smallest batch size it keeps the first point's time, past the largest it extends the last
 segment's slope (a single point gives a constant). `seconds_per_token(n)` is then the time a trajectory
 sharing a backend with n - 1 others spends per generated token.
+
+A backend runs at most so many requests at once (vLLM's `max_num_seqs`, or the server's per-backend
+admission limit); past that limit C the extra requests wait their turn, so n > C trajectories share C
+slots: each then gets C / n of a slot, and its per-token time is I(C) * n / C (`with_batch_limit`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ class Profile:
 
     batch_sizes: tuple[float, ...]
     seconds: tuple[float, ...]
+    batch_limit: int | None = None  # most requests running at once; more wait (module docstring)
 
     @classmethod
     def from_points(cls, points: Iterable[tuple[float, float]]) -> Profile:
@@ -36,13 +41,23 @@ class Profile:
             raise ValueError(f"a profile's batch sizes must be distinct, got {list(sizes)}")
         return cls(sizes, seconds)
 
+    def with_batch_limit(self, limit: int | None) -> Profile:
+        """This profile on a backend that runs at most `limit` requests at once (None: no limit)."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"a batch limit must be at least 1, got {limit}")
+        return Profile(self.batch_sizes, self.seconds, limit)
+
     @property
     def nondecreasing(self) -> bool:
         """True when per-token time never falls as the batch grows (Heddle's premise; lets the DP bisect)."""
         return all(a <= b for a, b in pairwise(self.seconds))
 
     def seconds_per_token(self, batch_size: float) -> float:
-        """Interpolated per-token time at `batch_size` concurrent trajectories (never below 0)."""
+        """Interpolated per-token time at `batch_size` concurrent trajectories (never below 0); past the
+        batch limit, the limit's time stretched by the share of a slot each trajectory gets."""
+        limit = self.batch_limit
+        if limit is not None and batch_size > limit:
+            return self.seconds_per_token(limit) * batch_size / limit
         sizes, seconds = self.batch_sizes, self.seconds
         if len(sizes) == 1 or batch_size <= sizes[0]:
             return seconds[0]

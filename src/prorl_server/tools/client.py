@@ -22,7 +22,9 @@ import itertools
 import json
 import socket
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -107,6 +109,8 @@ class ToolClient:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
+        # metrics: each answered or failed (ToolError) request: (action, seconds, succeeded)
+        self.on_request: Callable[[str, float, bool], None] | None = None
 
     async def ping(self) -> int:
         """The server's PID; raises SandboxGone when nothing answers on the socket."""
@@ -199,6 +203,18 @@ class ToolClient:
         """Send one request and return its response, validated (a model of responses.py); unless it is `ok`
         raises the `ToolError` subclass of its `error` code (`tool_error`), ProtocolError when the response
         breaks the protocol, ToolTimeout past `deadline_s`, SandboxGone when the server is not there."""
+        if self.on_request is None:
+            return await self._request(action, deadline_s, args)
+        started = time.monotonic()
+        try:
+            response = await self._request(action, deadline_s, args)
+        except ToolError:  # a cancelled request is neither answered nor failed
+            self.on_request(action, time.monotonic() - started, False)
+            raise
+        self.on_request(action, time.monotonic() - started, True)
+        return response
+
+    async def _request(self, action: str, deadline_s: float | None, args: dict[str, Any]) -> Any:
         request_id = next(self._ids)
         payload = json.dumps({"id": request_id, "action": action, **args}, separators=(",", ":")).encode() + b"\n"
         deadline_s = self.request_timeout if deadline_s is None else deadline_s

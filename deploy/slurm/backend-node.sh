@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One node's LLM backends: started by backends.sbatch through `srun`, one task per node.
+# Starts BACKENDS_PER_NODE copies of BACKEND_COMMAND (vLLM by default), each on its own port and its own
+# TENSOR_PARALLEL GPUs, announces each once it answers GET /health, and stays until they exit.
+set -euo pipefail
+source "$DEPLOY_DIR/config.sh"
+
+host=${NODE_ADDRESS:-$(hostname)}
+mkdir -p "$RUN_DIR/logs"
+# the GPUs Slurm gave this job on this node (ids as CUDA sees them), split TENSOR_PARALLEL at a time
+IFS=, read -r -a gpus <<<"${CUDA_VISIBLE_DEVICES:-}"
+
+backends=() announcers=()
+trap 'log "signal: stopping backends ${backends[*]}"; stop_and_reap "${backends[@]}"' TERM INT
+for i in $(seq 0 $(( BACKENDS_PER_NODE - 1 ))); do
+  port=$(( BACKEND_PORT + i ))
+  mine=("${gpus[@]:$(( i * TENSOR_PARALLEL )):$TENSOR_PARALLEL}")
+  devices=$(IFS=,; echo "${mine[*]}")
+  env PORT="$port" ${devices:+CUDA_VISIBLE_DEVICES="$devices"} bash -c "exec $BACKEND_COMMAND" \
+      >"$RUN_DIR/logs/backend-$host-$i.log" 2>&1 &
+  backends+=($!)
+  log "backend $i: pid $! on port $port${devices:+, GPUs $devices}"
+  "$PRORL_SERVER" slurm announce --run-dir "$RUN_DIR" --role backend --name "$host-$i" \
+      --address "http://$host:$port/v1" --health "http://$host:$port/health" --pid "$!" --timeout "$READY_TIMEOUT" &
+  announcers+=($!)
+done
+
+for pid in "${announcers[@]}"; do
+  if ! wait "$pid"; then
+    log "a backend did not become ready: stopping this node's backends"
+    stop_and_reap "${backends[@]}"
+    exit 1
+  fi
+done
+for pid in "${backends[@]}"; do
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid" 2>/dev/null || true; done
+done
+log "backends exited"

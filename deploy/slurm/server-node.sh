@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One node's rollout servers: started by servers.sbatch through `srun`, one task per node.
+# Starts SERVERS_PER_NODE `prorl-server serve` processes, announces each once it answers GET /health,
+# and stays until they exit. On SIGTERM (scancel) each server stops gracefully: live jobs cancelled,
+# sandboxes closed; this script waits for that, because Slurm kills what is left once it returns.
+set -euo pipefail
+source "$DEPLOY_DIR/config.sh"
+
+host=${NODE_ADDRESS:-$(hostname)}
+cores=${SLURM_CPUS_ON_NODE:-$(nproc)}
+share=$(( cores / SERVERS_PER_NODE > 0 ? cores / SERVERS_PER_NODE : 1 ))   # cores per server
+mkdir -p "$RUN_DIR/logs"
+
+servers=() announcers=()
+trap 'log "signal: stopping servers ${servers[*]}"; stop_and_reap "${servers[@]}"' TERM INT
+for i in $(seq 0 $(( SERVERS_PER_NODE - 1 ))); do
+  port=$(( SERVER_PORT + i ))
+  # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
+  "$PRORL_SERVER" serve --host "$SERVER_BIND" --port "$port" \
+      --init-workers "${INIT_WORKERS:-$share}" --run-workers "${RUN_WORKERS:-$(( 8 * share ))}" \
+      --eval-workers "${EVAL_WORKERS:-$share}" --runtime "$SANDBOX_RUNTIME" \
+      --sandbox-dir "${SANDBOX_DIR:-${TMPDIR:-/tmp}}" \
+      ${SANDBOX_IMAGE:+--image "$SANDBOX_IMAGE"} $SERVER_ARGS \
+      >"$RUN_DIR/logs/server-$host-$i.log" 2>&1 &
+  servers+=($!)
+  log "server $i: pid $! on port $port, $share cores"
+  "$PRORL_SERVER" slurm announce --run-dir "$RUN_DIR" --role server --name "$host-$i" \
+      --address "http://$host:$port" --health "http://$host:$port/health" --pid "$!" --timeout "$READY_TIMEOUT" &
+  announcers+=($!)
+done
+
+for pid in "${announcers[@]}"; do
+  if ! wait "$pid"; then
+    log "a server did not become ready: stopping this node's servers"
+    stop_and_reap "${servers[@]}"
+    exit 1
+  fi
+done
+# until every server has exited (a signal interrupts `wait`; the trap then stops them all)
+for pid in "${servers[@]}"; do
+  while kill -0 "$pid" 2>/dev/null; do wait "$pid" 2>/dev/null || true; done
+done
+log "servers exited"
