@@ -20,7 +20,8 @@ from prorl_server import AgentHandler, JobContext
 from prorl_server.api import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
-from prorl_server.journal.store import Batch, JournalStore
+from prorl_server.journal.database import Batch, open_database, write
+from prorl_server.journal.recovery import recover
 from prorl_server.protocol import JobResult, JobStatus
 from prorl_server.testing.uvicorn_thread import free_port
 
@@ -55,6 +56,28 @@ def cursors(http: httpx.Client, after: int = 0) -> list[tuple[str, int]]:
         out.append((page["results"][0]["job_id"], after))
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def ended(pid: int) -> bool:
+    """Whether process `pid` is gone (or a zombie: its work is over)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def rows(journal: Path, table: str) -> int:
     with sqlite3.connect(journal) as db:
         return db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
@@ -79,9 +102,11 @@ def test_kill_9_keeps_results_and_cursors_fails_in_flight_jobs_and_requeues_on_r
             submit(http, "lost")
             submit(http, "again", requeue_on_restart=True)
             wait_for(lambda: sum(r.outcome == "running" for r in backend.double.requests) == 2, 20, "both jobs in RUN")
+            (writer,) = children(proc.pid)  # the journal's writer process
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
+    wait_for(lambda: ended(writer), 10, "the writer process ended with its server")
     backend.double.default_delay_s = 0
 
     proc, url, log = start_serve(tmp_path, None, *options)
@@ -246,13 +271,14 @@ def test_a_group_posted_again_after_a_restart_reuses_its_members_results(tmp_pat
 
 
 def test_a_batch_larger_than_one_statement_is_written_whole(tmp_path):
-    store = JournalStore(tmp_path / "journal.sqlite3")
+    journal = tmp_path / "journal.sqlite3"
+    db = open_database(journal)
     results = [JobResult(job_id=f"r{seq}", status=JobStatus.COMPLETED, reward=1.0) for seq in range(1, 401)]
     added = [(seq, r.job_id, "digest", r.model_dump_json(), time.time()) for seq, r in enumerate(results, 1)]
-    store.write(Batch(jobs_done=[f"r{seq}" for seq in range(400)], results_added=added))
-    store.write(Batch(results_removed=list(range(1, 401, 2))))
-    recovered = store.recover(retention_s=3600)
-    store.close()
+    write(db, Batch(jobs_done=[f"r{seq}" for seq in range(400)], results_added=added))
+    write(db, Batch(results_removed=list(range(1, 401, 2))))
+    recovered = recover(db, journal, retention_s=3600)
+    db.close()
     assert [kept.seq for kept in recovered.results] == list(range(2, 401, 2))
     assert [kept.result for kept in recovered.results] == results[1::2]
     assert recovered.next_seq == 401 and recovered.in_flight == []

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 from prorl_server.config import JournalSync
 from prorl_server.handlers import HandlerLoadError, UnknownDataSource
+from prorl_server.journal.database import open_database
 from prorl_server.journal.lock import JournalLock
-from prorl_server.journal.store import InFlightJob, JournalStore
+from prorl_server.journal.process import WriterProcess
+from prorl_server.journal.recovery import InFlightJob, recover
 from prorl_server.journal.writer import JournalWriter
 from prorl_server.pipeline.errors import SubmissionError
 from prorl_server.protocol import ErrorInfo, JobResult, JobStatus
@@ -31,31 +33,38 @@ class Journal:
     `attach` recovers into an orchestrator: unacknowledged results come back under their cursors, cursors
     continue, and jobs that were in flight get a failed result (`error.type` "ServerRestarted"), or are
     kept for `requeue` when their request said `requeue_on_restart`. From then on every admission, stored
-    result and acknowledgement is written by one writer thread. Raises JournalError when the journal
-    cannot be used."""
+    result and acknowledgement goes, through one writer thread, to the writer process. Raises JournalError
+    when the journal cannot be used."""
 
     def __init__(
         self, path: str | Path, *, retention_s: float, sync: JournalSync = "normal", compact_interval_s: float = 300.0
     ) -> None:
         self.path = Path(path).expanduser().absolute()
         self._retention_s = retention_s
+        self._sync = sync
+        self._compact_interval_s = compact_interval_s
         self._lock = JournalLock(self.path)
         try:
-            self._store = JournalStore(self.path, sync)
+            self._db = open_database(self.path, sync)  # checked here, so that a bad journal fails the start
         except BaseException:
             self._lock.release()
             raise
-        self._writer = JournalWriter(self._store, retention_s, compact_interval_s)
+        self._writer: JournalWriter | None = None
         self._to_requeue: list[InFlightJob] = []
         self._closed = False
 
     def attach(self, orchestrator: Orchestrator) -> None:
         """Recover the journal into `orchestrator`'s result store, then record its changes."""
         try:
-            recovered = self._store.recover(self._retention_s)
+            recovered = recover(self._db, self.path, self._retention_s)
         except BaseException:
             self.close()
             raise
+        finally:
+            self._db.close()  # the writer process writes from now on
+        assert self._lock.fd is not None
+        process = WriterProcess(self.path, self._sync, self._lock.fd)
+        self._writer = JournalWriter(process, self.path, self._retention_s, self._compact_interval_s)
         results = orchestrator.results
         results.restore(((r.seq, r.result, r.digest, r.age_s) for r in recovered.results), recovered.next_seq)
         results.log = self._writer
@@ -96,15 +105,18 @@ class Journal:
 
     async def durable(self) -> None:
         """Return once every change made so far is committed (without blocking the event loop)."""
-        await self._writer.durable()
+        if self._writer is not None:
+            await self._writer.durable()
 
     def close(self) -> None:
-        """Write what is queued, close the database and release the lock (idempotent)."""
+        """Write what is queued, stop the writer process and release the lock (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._writer.close()
-        self._store.close()
+        if self._writer is not None:
+            self._writer.close()
+        else:
+            self._db.close()
         self._lock.release()
 
 

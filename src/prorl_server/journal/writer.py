@@ -1,5 +1,5 @@
-"""JournalWriter: the one thread that writes the journal, so the event loop and the stage threads never wait
-for the disk.
+"""JournalWriter: the one thread that feeds the journal's writer process, so the event loop and the stage
+threads never wait for the disk.
 
 Callers enqueue changes (a job admitted, a result stored, results acknowledged) in the order they happen;
 the thread takes whatever has queued up and commits it in one transaction (group commit: under load, one
@@ -16,8 +16,10 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
-from prorl_server.journal.store import Batch, JournalStore
+from prorl_server.journal.database import Batch
+from prorl_server.journal.process import WriterProcess
 from prorl_server.protocol import JobResult, ProcessRequest
 
 log = logging.getLogger(__name__)
@@ -60,11 +62,12 @@ _STOP = object()
 
 
 class JournalWriter:
-    """Writes queued changes to a JournalStore from its own thread; compacts the store every
-    `compact_interval_s` (results past `retention_s` deleted, free pages given back)."""
+    """Sends queued changes, in batches, to the writer process from its own thread; has the journal compacted
+    every `compact_interval_s` (results past `retention_s` deleted, free pages given back)."""
 
-    def __init__(self, store: JournalStore, retention_s: float, compact_interval_s: float) -> None:
-        self._store = store
+    def __init__(self, process: WriterProcess, path: Path, retention_s: float, compact_interval_s: float) -> None:
+        self._process = process
+        self._path = path
         self._retention_s = retention_s
         self._compact_interval_s = compact_interval_s
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -115,7 +118,7 @@ class JournalWriter:
     # the writer thread ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Write everything queued, then stop the thread (idempotent)."""
+        """Write everything queued, then stop the thread and the writer process (idempotent)."""
         with self._count_lock:
             if self._closed:
                 return
@@ -123,6 +126,7 @@ class JournalWriter:
             self._queue.put(_STOP)
         if self._thread.is_alive():
             self._thread.join()
+        self._process.close()
 
     def _run(self) -> None:
         next_compaction = time.monotonic() + self._compact_interval_s
@@ -153,17 +157,16 @@ class JournalWriter:
                 next_compaction = time.monotonic() + self._compact_interval_s
 
     def _write(self, changes: list[object]) -> None:
-        store = self._store
         try:
-            store.write(_batch(changes))
+            self._process.write(_batch(changes))
             if self._failing:
-                log.warning("the journal %s is written again", store.path)
+                log.warning("the journal %s is written again", self._path)
                 self._failing = False
         except Exception:
             if not self._failing:  # once per outage, not once per batch
                 log.exception(
                     "cannot write the journal %s: %d changes are kept in memory only (a crash now loses them)",
-                    store.path,
+                    self._path,
                     len(changes),
                 )
                 self._failing = True
@@ -180,9 +183,9 @@ class JournalWriter:
 
     def _compact(self) -> None:
         try:
-            deleted = self._store.compact(self._retention_s)
+            deleted = self._process.compact(self._retention_s)
         except Exception:
-            log.exception("compacting the journal %s failed; trying again later", self._store.path)
+            log.exception("compacting the journal %s failed; trying again later", self._path)
             return
         if deleted:
             log.info("journal: %d results past retention deleted", deleted)
