@@ -2,8 +2,8 @@
 threads never wait for the disk.
 
 Callers enqueue changes (a job admitted, a result stored, results acknowledged) in the order they happen;
-the thread takes whatever has queued up and commits it in one transaction (group commit: under load, one
-commit covers many changes). `durable()` lets a request wait, without blocking its event loop, until every
+the thread takes whatever has queued up and has the writer process commit it in one transaction (group
+commit: under load, one commit covers many changes). `durable()` lets a request wait, without blocking its event loop, until every
 change made before it is committed."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ MAX_BATCH = 2048
 
 COMMIT_INTERVAL_S = 0.002
 """Commits start at least this far apart: under load, what queues up meanwhile shares one commit (a commit,
-with its hand-offs of the GIL, costs several times what one more row in it costs). A change that comes after
+with its round trip to the writer process and its thread wake-ups, costs several times what one more row
+in it costs). A change that comes after
 a quiet spell is committed at once; a result is committed at most this much later than it would be without."""
 
 
