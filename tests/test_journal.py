@@ -128,8 +128,11 @@ def test_kill_9_keeps_results_and_cursors_fails_in_flight_jobs_and_requeues_on_r
             assert all(cursor > last for _, cursor in after_restart)  # cursors continue, they do not restart at 1
             submit(http, "b")  # the same request again: the stored result, not a second run
             assert http.get("/jobs/b").json()["result"] == before["b"]
+            (writer,) = children(proc.pid)
     finally:
         stop(proc)
+    assert proc.returncode in (0, -signal.SIGTERM)  # a graceful stop (SIGTERM), not a kill after the timeout
+    assert ended(writer)  # the server waited for its writer process
     assert "Traceback" not in log.read_text()
 
 
