@@ -8,7 +8,10 @@ directory swapped for a link into that user's directory. The base and cache dire
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,10 +75,19 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
         ensure_private_dir(path)
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path: a runtime refuses a base directory too long for its sandboxes' Unix
+    sockets before anything else, and pytest's `tmp_path` is that long."""
+    path = Path(tempfile.mkdtemp(prefix="pd-"))
+    yield path
+    shutil.rmtree(path)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
-async def test_a_runtime_refuses_a_base_directory_another_user_made_first(tmp_path):
+async def test_a_runtime_refuses_a_base_directory_another_user_made_first(short_tmp):
     """The reported attack: another user pre-creates the base directory, world-writable, no sticky bit."""
-    planted = tmp_path / "prorl-sandboxes"
+    planted = short_tmp / "prorl-sandboxes"
     planted.mkdir()
     planted.chmod(0o777)
     os.chown(planted, OTHER_UID, OTHER_UID)
@@ -86,10 +98,10 @@ async def test_a_runtime_refuses_a_base_directory_another_user_made_first(tmp_pa
     runtime.close()
 
 
-async def test_a_runtime_refuses_a_base_directory_that_is_a_link(tmp_path):
-    elsewhere = tmp_path / "attacker"
+async def test_a_runtime_refuses_a_base_directory_that_is_a_link(short_tmp):
+    elsewhere = short_tmp / "attacker"
     elsewhere.mkdir(mode=0o700)
-    link = tmp_path / "prorl-sandboxes"
+    link = short_tmp / "prorl-sandboxes"
     link.symlink_to(elsewhere)
     runtime = make_runtime("local", new_owner_id(), base_dir=link)
     with pytest.raises(SandboxError, match="symbolic link"):
