@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from pathlib import Path
 
 import httpx
 import openai
@@ -222,6 +223,8 @@ def test_trainer_sampling_params_win_over_the_harness_except_the_ones_it_allows(
             "messages[1].tool_calls[0].function.arguments",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, None),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": float("nan")}}}]}, 400, None),
+        ({"stop": ["s"] * 17}, 400, "stop"),
     ],
 )
 def test_bad_input_gets_an_openai_error_and_leaves_the_recording_intact(strict, server, body, status, param):
@@ -233,8 +236,8 @@ def test_bad_input_gets_an_openai_error_and_leaves_the_recording_intact(strict, 
     request = {"model": MODEL_NAME, "messages": messages, **body}
     answer = httpx.post(
         f"{session['base_url']}/chat/completions",
-        json=request,
-        headers={"Authorization": f"Bearer {session['api_key']}"},
+        content=json.dumps(request).encode(),  # NaN written as JSON's non-standard NaN
+        headers={"Authorization": f"Bearer {session['api_key']}", "content-type": "application/json"},
     )
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
@@ -407,3 +410,50 @@ def test_concurrent_calls_on_one_session_are_recorded_one_at_a_time(strict, serv
     assert record["calls"] == 2 and record["rewrites"] == 1
     prompts = sorted(s["prompt_ids"] for s in record["segments"])
     assert prompts == sorted(toy_template([{"role": "user", "content": q}], True) for q in ("q1", "q2"))
+
+
+def test_the_guides_example_runs_as_written(backend, start_server, capsys):
+    """docs/gateway.md's first block, against a server on the scripted double (its address put in)."""
+    server = start_server([backend.address])
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "gateway.md").read_text()
+    code = guide.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'server = "http://127.0.0.1:8000"' in code
+    exec(compile(code.replace("http://127.0.0.1:8000", server.url), "docs/gateway.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == "0 1 0"  # rewrites, calls, failed calls
+    assert len(server.state.gateway) == 0
+
+
+def test_a_failed_call_retried_with_the_same_messages_stays_in_its_segment(strict, server):
+    strict.double.push("one", ScriptedReply(text="refused", status_code=400), "two")
+    session = open_session(server)
+    client = client_for(session)
+    messages = [{"role": "user", "content": "u1"}]
+    client.chat.completions.create(model=MODEL_NAME, messages=messages)
+    messages += [{"role": "assistant", "content": "one"}, {"role": "user", "content": "u2"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL_NAME, messages=messages)
+    assert refused.value.code == "backend_rejected"
+    assert client.chat.completions.create(model=MODEL_NAME, messages=messages).choices[0].message.content == "two"
+    record = close_session(server, session)
+    assert (record["rewrites"], record["calls"], record["failed_calls"]) == (0, 2, 1)
+    [segment] = record["segments"]
+    context = segment["prompt_ids"] + segment["response_ids"] + TOK.encode("\n")
+    assert context == toy_template([*messages, {"role": "assistant", "content": "two"}], False)
+
+
+def test_a_harness_that_goes_away_aborts_its_completion_and_the_session_goes_on(strict, server):
+    strict.double.push(ScriptedReply(text="slow", delay_s=120), "fast")
+    session = open_session(server)
+    messages = [{"role": "user", "content": "u1"}]
+    impatient = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=1)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=MODEL_NAME, messages=messages)
+    wait_for(lambda: strict.double.requests[0].outcome == "aborted", 30, "the backend sees the request closed")
+    assert (
+        client_for(session).chat.completions.create(model=MODEL_NAME, messages=messages).choices[0].message.content
+        == "fast"
+    )
+    record = close_session(server, session)
+    assert (record["rewrites"], record["calls"], record["failed_calls"]) == (0, 1, 1)
+    assert [t["text"] for t in record["segments"][0]["turns"]] == ["fast"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field
 
 from prorl_server.protocol import Trajectory
+from prorl_server.protocol.bounded import TaskJson
 
 MAX_NAME_CHARS = 256
 MAX_STOP_STRINGS = 16
@@ -83,7 +84,7 @@ ChatMessage = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMes
 class FunctionDefinition(_Lenient):
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     description: str | None = None
-    parameters: dict[str, JsonValue] | None = None
+    parameters: TaskJson | None = None
     strict: bool | None = None
 
 
@@ -96,7 +97,7 @@ class ToolDefinition(_Lenient):
 
 class NamedToolChoice(_Lenient):
     type: Literal["function"]
-    function: dict[str, JsonValue]
+    function: TaskJson
 
 
 class StreamOptions(_Lenient):
@@ -117,7 +118,7 @@ class ChatCompletionRequest(_Lenient):
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -242,7 +243,7 @@ class OpenSessionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sampling_params: dict[str, JsonValue] = Field(
+    sampling_params: TaskJson = Field(
         default_factory=dict,
         description="Sampling params of every completion (vLLM's names); they win over the harness's.",
     )
@@ -280,4 +281,7 @@ class SessionResult(BaseModel):
     segments: list[Trajectory]
     rewrites: int = Field(description="Calls whose history did not continue the previous call's.")
     calls: int = Field(description="Chat completions answered.")
-    failed_calls: int = Field(description="Chat completions that got an error from the gateway or the backend.")
+    failed_calls: int = Field(
+        description="Valid chat completions that got no reply: the backend failed, or the call was cancelled "
+        "(its harness went away, or the session was closed)."
+    )

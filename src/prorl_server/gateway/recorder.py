@@ -32,6 +32,7 @@ from prorl_server.gateway.messages import (
 from prorl_server.gateway.protocol import AssistantReply, ChatCompletionRequest
 from prorl_server.llm import LLMSession
 from prorl_server.llm.backend_pool import BackendPool
+from prorl_server.llm.errors import SessionFinished
 from prorl_server.protocol import Trajectory
 from prorl_server.scheduling.dispatch import DispatchPolicy
 
@@ -61,7 +62,8 @@ class _Cursor:
 
 
 class ConversationRecorder:
-    """The segments of one session's conversation, all on one backend (the session's pin, `job_id`).
+    """The segments of one session's conversation, all on one backend (pinned at the first call, as a
+    job's are, under `job_id`).
 
     `sampling_params` are the trainer's; a harness's sampling field is used only when it is in
     `harness_params`. Calls are recorded one at a time, in arrival order.
@@ -92,13 +94,9 @@ class ConversationRecorder:
         self.calls = 0
         self.failed_calls = 0
         self._cursor: _Cursor | None = None
+        self._closed = False
         self._sampled: OrderedDict[MessageKey, str] = OrderedDict()  # reply key -> the text the model sampled
         self._lock = asyncio.Lock()
-        self._pin = self._new_segment()  # holds the backend pin from the start, and answers served_model
-
-    async def served_model(self) -> str | None:
-        """Pin the session to a backend and return its model name."""
-        return await self._pin.served_model()
 
     async def complete(self, request: ChatCompletionRequest) -> RecordedCall:
         """Sample the reply to `request` and record it; raises a GatewayError (4xx) for bad input and the
@@ -139,7 +137,7 @@ class ConversationRecorder:
 
     def close(self) -> None:
         """Unpin the session for good; a later call raises SessionFinished."""
-        self._pin.finish()
+        self._closed = True
         for segment in self.segments:
             segment.finish()
 
@@ -170,7 +168,9 @@ class ConversationRecorder:
                 "close it and open a new one",
                 code="too_many_segments",
             )
-        segment = self._pin if not self.segments else self._new_segment()
+        if self._closed:
+            raise SessionFinished(f"session {self.job_id} is closed")
+        segment = self._new_segment()
         await segment.start([self._template(m, k) for m, k in zip(request.messages, keys, strict=True)], tools)
         if self.segments:
             self.rewrites += 1

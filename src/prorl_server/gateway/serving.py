@@ -45,7 +45,7 @@ async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatComp
                 code="body_too_large",
             )
     try:
-        data = from_json(body, cache_strings=False)
+        data = from_json(body, cache_strings=False, allow_inf_nan=False)
     except ValueError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):

@@ -45,6 +45,7 @@ class GatewayLimits:
     max_messages: int = 4096
     max_body_bytes: int = 8 * 1024 * 1024
     max_failovers: int = 3
+    open_timeout_s: float = 10.0
 
 
 @dataclass(eq=False)
@@ -153,8 +154,16 @@ class SessionRegistry:
             return len(self._sessions)
 
     async def open(self, request: OpenSessionRequest, *, job_id: str | None = None) -> GatewaySession:
-        """Open a session pinned to a backend; 429 at `max_sessions`, 503 when no backend answers."""
+        """Open a session (its backend is pinned at its first call, as a job's is); 429 at `max_sessions`,
+        503 without a healthy backend or when none tells its model name within `open_timeout_s`."""
         await self._expire_idle()
+        registered, healthy = self.pool.counts()
+        if healthy == 0:
+            raise GatewayError(
+                503,
+                f"no healthy LLM backend ({registered} registered): register one with POST /add_llm_server",
+                type="server_error",
+            )
         session_id = secrets.token_hex(16)
         recorder = ConversationRecorder(
             job_id or f"session-{session_id}",
@@ -178,23 +187,38 @@ class SessionRegistry:
             placeholder = GatewaySession(session_id, "", "", None, recorder, job_id, closed=True)
             self._sessions[session_id] = placeholder  # holds the place while the backend is asked
         try:
-            model = await recorder.served_model()
-        except LLMError as exc:
+            async with asyncio.timeout(self.limits.open_timeout_s):
+                model = await self._served_model()
+        except BaseException as exc:
             with self._lock:
                 self._sessions.pop(session_id, None)
-            recorder.close()
-            raise GatewayError(503, f"no LLM backend could take the session: {exc}", type="server_error") from None
-        except BaseException:
-            with self._lock:
-                self._sessions.pop(session_id, None)
-            recorder.close()
+            if isinstance(exc, TimeoutError | LLMError):
+                why = str(exc) or f"no answer within {self.limits.open_timeout_s:g}s"
+                raise GatewayError(503, f"no LLM backend told its model name: {why}", type="server_error") from None
             raise
         session = GatewaySession(
-            session_id, KEY_PREFIX + secrets.token_urlsafe(32), model or "default", request.model, recorder, job_id
+            session_id, KEY_PREFIX + secrets.token_urlsafe(32), model, request.model, recorder, job_id
         )
         with self._lock:
             self._sessions[session_id] = session
         return session
+
+    async def _served_model(self) -> str:
+        """The model name the backends serve: known already, or asked of each healthy backend in turn."""
+        healthy = [b for b in self.pool.backends() if b.healthy]
+        for backend in healthy:
+            if backend.model is not None:
+                return backend.model
+        errors = []
+        for backend in healthy:
+            try:
+                model = await self.pool.resolve_model(backend)
+            except LLMError as exc:
+                errors.append(str(exc))
+                continue
+            if model is not None:
+                return model
+        raise LLMError("; ".join(errors) or "no healthy backend")
 
     def authorize(self, session_id: str, authorization: str | None) -> GatewaySession:
         """The open session `session_id` if `authorization` holds its key or the operator's; else 401 (the

@@ -279,14 +279,6 @@ class LLMSession:
 
         return await self._with_backend(limit)
 
-    async def served_model(self) -> str | None:
-        """The pinned backend's model name (`/v1/models`); pins the job when it is not yet."""
-
-        async def model(backend: Backend) -> str | None:
-            return backend.model
-
-        return await self._with_backend(model)
-
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
         return await self._with_backend(
