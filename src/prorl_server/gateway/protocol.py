@@ -279,7 +279,10 @@ class SessionResult(BaseModel):
 
     session_id: str
     segments: list[Trajectory]
-    rewrites: int = Field(description="Calls whose history did not continue the previous call's.")
+    rewrites: int = Field(
+        description="Segments started after a call had been answered: the harness's history did not continue "
+        "the previous call's."
+    )
     calls: int = Field(description="Chat completions answered.")
     failed_calls: int = Field(
         description="Valid chat completions that got no reply: the backend failed, or the call was cancelled "

@@ -172,7 +172,7 @@ class ConversationRecorder:
             raise SessionFinished(f"session {self.job_id} is closed")
         segment = self._new_segment()
         await segment.start([self._template(m, k) for m, k in zip(request.messages, keys, strict=True)], tools)
-        if self.segments:
+        if self.calls:  # a history that does not continue an answered call
             self.rewrites += 1
         self.segments.append(segment)
         self._cursor = _Cursor(keys, tools_key, segment, sampled=False)
