@@ -3,9 +3,9 @@
 Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_gateway.py [--json out.json] [--overhead-chats 60] [--overhead-turns 4]
-        [--chats 200] [--turns 3] [--max-tokens 16] [--concurrency 4] [--skip-exactness]
+        [--chats 200] [--turns 3] [--max-tokens 10] [--concurrency 4] [--skip-exactness]
 
-About 3 minutes on 2 cores with the defaults. Every server is a child process of this script (LocalStack,
+About 4 minutes on 2 busy cores with the defaults (almost all of it the dev engine sampling part 2). Every server is a child process of this script (LocalStack,
 stopped by PID); the clients are the official `openai` package, as a harness would use it.
 
 Part 1 - overhead (backend: the scripted test double, `python -m prorl_server.testing`, replies at once)
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-turns", type=positive_int, default=4, help="turns per conversation, part 1")
     parser.add_argument("--chats", type=positive_int, default=200, help="conversations of part 2")
     parser.add_argument("--turns", type=positive_int, default=3, help="turns per conversation, part 2")
-    parser.add_argument("--max-tokens", type=positive_int, default=16, help="max_tokens per turn, part 2")
+    parser.add_argument("--max-tokens", type=positive_int, default=10, help="max_tokens per turn, part 2")
     parser.add_argument("--concurrency", type=positive_int, default=4, help="conversations at once, part 2")
     parser.add_argument("--skip-exactness", action="store_true", help="part 1 only (no dev engine needed)")
     args = parser.parse_args(argv)
