@@ -457,3 +457,28 @@ def test_a_harness_that_goes_away_aborts_its_completion_and_the_session_goes_on(
     record = close_session(server, session)
     assert (record["rewrites"], record["calls"], record["failed_calls"]) == (0, 1, 1)
     assert [t["text"] for t in record["segments"][0]["turns"]] == ["fast"]
+
+
+def test_too_many_messages_or_segments_are_refused_and_the_recording_kept(strict, start_server):
+    server = start_server([strict.address], gateway_max_messages=3, gateway_max_segments=2)
+    strict.double.push("one", "two")
+    session = open_session(server)
+    client = client_for(session)
+    for question in ("q1", "q2"):  # two unrelated histories: two segments
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": question}])
+    with pytest.raises(openai.BadRequestError) as segments:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "q3"}])
+    assert segments.value.code == "too_many_segments"
+    with pytest.raises(openai.BadRequestError) as messages:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}] * 4)
+    assert messages.value.param == "messages"
+    record = close_session(server, session)
+    assert [[t["text"] for t in s["turns"]] for s in record["segments"]] == [["one"], ["two"]]
+
+
+def test_without_a_healthy_backend_a_session_is_refused_with_503(strict, server):
+    strict.double.healthy = False
+    wait_for(lambda: server.http.get("/llm_servers").json()["servers"][0]["healthy"] is False, 30, "unhealthy")
+    refused = server.http.post("/sessions", json={})
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
+    assert len(server.state.gateway) == 0
