@@ -61,6 +61,7 @@ class GatewaySession:
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
     _inflight: set[asyncio.Task[object]] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # `shut` may run on another thread
 
     def answers_as(self, model: str) -> bool:
         """Whether `model` names this session's model (the served name or the alias)."""
@@ -76,10 +77,11 @@ class GatewaySession:
         """Mark the current task as a call in flight of this session (closing the session cancels it)."""
         task = asyncio.current_task()
         assert task is not None
-        if self.closed:
-            raise session_closed()
-        self._inflight.add(task)
-        self.last_used = time.monotonic()
+        with self._lock:
+            if self.closed:
+                raise session_closed()
+            self._inflight.add(task)
+            self.last_used = time.monotonic()
         try:
             yield
         except asyncio.CancelledError:
@@ -87,23 +89,27 @@ class GatewaySession:
                 raise session_closed() from None
             raise
         finally:
-            self._inflight.discard(task)
-            self.last_used = time.monotonic()
+            with self._lock:
+                self._inflight.discard(task)
+                self.last_used = time.monotonic()
 
     def idle_for(self, now: float) -> float:
         """Seconds since the last call ended (0 while one is in flight)."""
-        return 0.0 if self._inflight else now - self.last_used
+        with self._lock:
+            return 0.0 if self._inflight else now - self.last_used
 
     def shut(self) -> list[asyncio.Task[object]]:
         """Mark closed, cancel the calls in flight (each on its own loop) and unpin; returns those running on
         the current loop, to be awaited."""
-        self.closed = True
+        with self._lock:
+            self.closed = True
+            inflight = list(self._inflight)
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:
             current = None
         here = []
-        for task in list(self._inflight):
+        for task in inflight:
             loop = task.get_loop()
             if loop is current:
                 task.cancel()
