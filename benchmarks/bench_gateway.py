@@ -14,7 +14,8 @@ Part 1 - overhead (backend: the scripted test double, `python -m prorl_server.te
     would call without the gateway), (b) straight to the double as the gateway's two token-in/token-out
     requests (`POST /tokenize` of the new messages, `POST /v1/completions` with prompt ids), and (c) through
     a prorl-server gateway session on the same double. The figures are client-observed latencies; "added"
-    is the p50 (p99) of (c) minus the p50 (p99) of (a), and of (c) minus (b): the gateway's own work. The
+    is the p50 (p99) of (c) minus the p50 (p99) of (a), and of (c) minus (b): what the gateway itself costs (its
+    HTTP hop and its work), beyond the backend requests any token-exact recording needs. The
     first turn of each conversation in (c) also pins the session (the double's `/v1/models` once per
     server) and tokenizes the whole prompt, as every later turn tokenizes only its new messages.
 Part 2 - token-exactness (backend: the dev engine, SmolLM2-135M, `prorl-server dev-llm --debug-sampled`)
@@ -256,7 +257,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         )
         rows.append(
             check(
-                "gateway's own work over its 2 backend requests, p50 (p99)",
+                "gateway over its 2 backend requests sent directly, p50 (p99)",
                 f"{o['added_over_tito_p50_ms']:.2f} ms ({o['added_over_tito_p99_ms']:.2f} ms)",
                 f"tokenize + completions {o['direct_tito_ms']['p50']:.2f} ms p50",
                 "-",
