@@ -474,6 +474,7 @@ def test_too_many_messages_or_segments_are_refused_and_the_recording_kept(strict
     assert messages.value.param == "messages"
     record = close_session(server, session)
     assert [[t["text"] for t in s["turns"]] for s in record["segments"]] == [["one"], ["two"]]
+    assert (record["calls"], record["failed_calls"]) == (2, 0)
 
 
 def test_without_a_healthy_backend_a_session_is_refused_with_503(strict, server):

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_server.gateway.errors import bad_request
+from prorl_server.gateway.errors import GatewayError, bad_request
 from prorl_server.gateway.messages import (
     MessageKey,
     check_messages,
@@ -119,6 +119,8 @@ class ConversationRecorder:
             try:
                 turn_session = await self._place(request, keys, tools, tools_key)
                 turn = await turn_session.generate(**overrides)
+            except GatewayError:  # bad input: no call was made
+                raise
             except BaseException:
                 self.failed_calls += 1
                 raise
@@ -172,6 +174,9 @@ class ConversationRecorder:
             raise SessionFinished(f"session {self.job_id} is closed")
         segment = self._new_segment()
         await segment.start([self._template(m, k) for m, k in zip(request.messages, keys, strict=True)], tools)
+        if self._closed:  # closed meanwhile: this segment must not pin the backend again
+            segment.finish()
+            raise SessionFinished(f"session {self.job_id} is closed")
         if self.calls:  # a history that does not continue an answered call
             self.rewrites += 1
         self.segments.append(segment)
