@@ -23,7 +23,8 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown.
 
     With `settings.api_key`, every request but `GET /health` and the dashboard's static page needs the key
-    (checked first, before the body is read); bodies over `settings.max_body_bytes` get 413.
+    (checked first, before the body is read), and a gateway session's OpenAI paths take that session's own
+    key too (checked by the gateway); bodies over `settings.max_body_bytes` get 413.
     """
     state = state or ServerState.build(settings or ServerSettings())
 
