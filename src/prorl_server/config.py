@@ -208,3 +208,34 @@ class ServerSettings(BaseModel):
         default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
     )
     log_level: LogLevel = Field(default="info", description="Log level of the server and uvicorn.")
+    gateway_max_sessions: int = Field(
+        default=1024, ge=1, description="Gateway sessions open at once, at most; POST /sessions beyond gets 429."
+    )
+    gateway_idle_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="Seconds a gateway session may go without a call before it is closed (its recording dropped).",
+    )
+    gateway_max_segments: int = Field(
+        default=256, ge=1, description="Segments (history rewrites + 1) one gateway session may record, at most."
+    )
+    gateway_max_messages: int = Field(
+        default=4096, ge=1, description="Messages one gateway chat completion may carry, at most."
+    )
+    gateway_max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest gateway chat-completion body; larger ones get 413 (--max-body-bytes applies too).",
+    )
+    gateway_url: str | None = Field(
+        default=None,
+        description="This server's base URL as handlers' agents reach it (ctx.gateway_session); default "
+        "http://HOST:PORT (loopback for a wildcard host).",
+    )
+
+    def gateway_public_url(self) -> str:
+        """`gateway_url`, or the address this server binds."""
+        if self.gateway_url is not None:
+            return self.gateway_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "[::1]" if self.host == "::" else self.host
+        return f"http://{host}:{self.port}"

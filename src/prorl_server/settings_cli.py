@@ -52,6 +52,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "interference_profile",
         "migration_prefill_s_per_token",
     ),
+    "OpenAI gateway": (
+        "gateway_url",
+        "gateway_max_sessions",
+        "gateway_idle_timeout_s",
+        "gateway_max_segments",
+        "gateway_max_messages",
+        "gateway_max_body_bytes",
+    ),
 }
 """Sections of `serve --help`; every ServerSettings field is in exactly one."""
 
@@ -73,6 +81,8 @@ METAVARS: dict[str, str] = {
     "port": "PORT",
     "api_key": "KEY",
     "max_body_bytes": "BYTES",
+    "gateway_max_body_bytes": "BYTES",
+    "gateway_url": "URL",
     "sandbox_image": "IMAGE",
     "sandbox_dir": "DIR",
     "llm_servers": "URL",

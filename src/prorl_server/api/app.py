@@ -15,6 +15,7 @@ from prorl_server.api.errors import install_error_handlers
 from prorl_server.api.state import ServerState
 from prorl_server.api.weights import router as weights_router
 from prorl_server.config import ServerSettings
+from prorl_server.gateway import router as gateway
 from prorl_server.pipeline.groups import GroupRunner
 
 
@@ -22,7 +23,8 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     """Build the app; its lifespan starts the pipeline and health checks, and stops them on shutdown.
 
     With `settings.api_key`, every request but `GET /health` and the dashboard's static page needs the key
-    (checked first, before the body is read); bodies over `settings.max_body_bytes` get 413.
+    (checked first, before the body is read), and a gateway session's OpenAI paths take that session's own
+    key too (checked by the gateway); bodies over `settings.max_body_bytes` get 413.
     """
     state = state or ServerState.build(settings or ServerSettings())
 
@@ -41,6 +43,7 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     for module in (jobs, groups, llm_servers, lifecycle, metrics, dashboard):
         app.include_router(module.router)
     app.include_router(weights_router)
+    gateway.install(app, state.gateway)
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.settings.max_body_bytes)
     if state.settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=state.settings.api_key)  # added last: runs first

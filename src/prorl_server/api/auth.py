@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -12,9 +13,14 @@ OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/da
 dashboard's static page, script and style sheet, which hold no server data (its data, `/dashboard/data`,
 needs the key)."""
 
+GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|models)")
+"""A gateway session's OpenAI paths: the gateway checks their key itself (the session's own key or this
+one), so a session key opens these paths of its session and nothing else."""
+
 
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <key>` on every request but GET of `OPEN_PATHS` (401 otherwise).
+    """Require `Authorization: Bearer <key>` on every request but GET of `OPEN_PATHS` (401 otherwise);
+    requests to `GATEWAY_PATH` go on to the gateway, which checks their key.
 
     The presented key is compared with `hmac.compare_digest`, in time independent of where it differs.
     """
@@ -31,6 +37,8 @@ class ApiKeyMiddleware:
 
     def _authorized(self, scope: Scope) -> bool:
         if scope["path"] in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
+            return True
+        if GATEWAY_PATH.fullmatch(scope["path"]):
             return True
         for name, value in scope["headers"]:
             if name == b"authorization":

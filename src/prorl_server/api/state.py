@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from prorl_server.config import ServerSettings
+from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
@@ -71,12 +72,14 @@ class ResultSignal:
 
 @dataclass
 class ServerState:
-    """Settings, handler registry, backend pool, orchestrator, the health-check thread and the metrics."""
+    """Settings, handler registry, backend pool, orchestrator, gateway sessions, the health-check thread and
+    the metrics."""
 
     settings: ServerSettings
     registry: HandlerRegistry
     backends: BackendPool
     orchestrator: Orchestrator
+    gateway: SessionRegistry
     health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
     signal: ResultSignal = field(default_factory=ResultSignal)
     journal: Journal | None = None
@@ -112,6 +115,7 @@ class ServerState:
         )
         for address in settings.llm_servers:
             backends.add(address)
+        gateway = build_gateway(settings, backends, dispatch)
         state = cls(
             settings,
             registry,
@@ -123,7 +127,9 @@ class ServerState:
                 build_sandboxes(settings, backends),
                 judge=build_judge(settings),
                 dispatch=dispatch,
+                gateway=gateway,
             ),
+            gateway,
         )
         state.orchestrator.results.on_put = state.signal.notify
         state.journal = open_journal(settings, state.orchestrator)
@@ -142,7 +148,9 @@ class ServerState:
             self.journal.requeue(self.orchestrator)
 
     async def close(self) -> None:
-        """Stop the pipeline (cancelling live jobs) and the health checks."""
+        """Close the gateway sessions, stop the pipeline (cancelling live jobs) and the health checks."""
+        await self.gateway.close_all()
+        await self.backends.client.aclose_current_loop()  # the gateway's connections, on this loop
         await asyncio.to_thread(self.orchestrator.stop)
         if self.journal is not None:
             await asyncio.to_thread(self.journal.close)  # after stop: the results of cancelled jobs are written
@@ -191,6 +199,22 @@ def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> Place
         predictor=dispatch.predictor,
         profile=profile.with_batch_limit(settings.max_inflight_per_backend),
         prefill_s_per_token=settings.migration_prefill_s_per_token,
+    )
+
+
+def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: DispatchPolicy) -> SessionRegistry:
+    """The gateway's session registry, bounded by the `--gateway-*` settings; the server's `--api-key` opens
+    every session."""
+    limits = GatewayLimits(
+        max_sessions=settings.gateway_max_sessions,
+        idle_timeout_s=settings.gateway_idle_timeout_s,
+        max_segments=settings.gateway_max_segments,
+        max_messages=settings.gateway_max_messages,
+        max_body_bytes=settings.gateway_max_body_bytes,
+        max_failovers=settings.llm_max_failovers,
+    )
+    return SessionRegistry(
+        backends, limits, operator_key=settings.api_key, dispatch=dispatch, public_url=settings.gateway_public_url()
     )
 
 

@@ -9,8 +9,9 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
 from prorl_server.protocol import Trajectory
@@ -18,11 +19,25 @@ from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.spec import SandboxSpec
 
+if TYPE_CHECKING:  # the gateway's sessions import the agent loop, which imports this module
+    from prorl_server.gateway.sessions import SessionRegistry
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ReleaseCallback = Callable[[], Awaitable[None] | None]
 LATE_RELEASE_WAIT_S = 30.0  # a worker thread waits this long for a cleanup it runs on the stage loop
+
+
+@dataclass(frozen=True)
+class GatewayAccess:
+    """How an OpenAI-client agent reaches its job's gateway session: give it `base_url` and `api_key` (as
+    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`."""
+
+    session_id: str
+    base_url: str
+    api_key: str
+    model: str
 
 
 class JobFinished(RuntimeError):
@@ -55,6 +70,7 @@ class JobContext:
     sandbox: Sandbox | None = None
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _judge: JudgePool | None = field(default=None, repr=False)
+    _gateway: SessionRegistry | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _finished: bool = field(default=False, repr=False)
@@ -103,6 +119,39 @@ class JobContext:
         if self.sandbox is None:
             self.sandbox = sandbox
         return sandbox
+
+    async def gateway_session(
+        self, *, harness_params: tuple[str, ...] = ("max_tokens",), model: str | None = None
+    ) -> GatewayAccess:
+        """Open an OpenAI gateway session for this job (docs/gateway.md): on the job's backend, with the job's
+        sampling params, of which the agent may set only `harness_params`; `model` is a name it may use.
+
+        The session is closed on release (right after RUN, or when the job ends), which aborts a completion
+        in flight; its recording (`SessionResult`: the segments, rewrites and counts) is then appended to
+        `ctx.artifacts["gateway"]`. Raises JobFinished once the job has ended.
+        """
+        registry = self._gateway
+        if registry is None:
+            raise RuntimeError("this server has no gateway (JobContext built without one)")
+        if self._finished:
+            raise JobFinished(f"job {self.job_id} has already ended; it cannot open a gateway session")
+        request = OpenSessionRequest(
+            sampling_params=self.sampling_params,
+            harness_params=list(harness_params),  # type: ignore[arg-type]  # checked by the model
+            model=model,
+            data_source=self.data_source,
+        )
+        session = await registry.open(request, job_id=self.job_id)
+
+        async def close() -> None:
+            result = await registry.close(session.id)
+            if result is not None:
+                self.artifacts.setdefault("gateway", []).append(result.model_dump(mode="json"))
+
+        if not self._keep(close):
+            await close()
+            raise JobFinished(f"job {self.job_id} ended while its gateway session was opening; it was closed")
+        return GatewayAccess(session.id, registry.base_url(session), session.key, session.alias or session.model)
 
     @property
     def finished(self) -> bool:

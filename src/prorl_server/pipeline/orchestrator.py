@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from prorl_server.config import ServerSettings
+from prorl_server.gateway.sessions import SessionRegistry
 from prorl_server.handlers import (
     AGENT_CONFIG_KEYS,
     HandlerRegistry,
@@ -65,6 +66,7 @@ class Orchestrator:
         judge: JudgePool | None = None,
         *,
         dispatch: DispatchPolicy,
+        gateway: SessionRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.dispatch = dispatch  # orders LLM calls waiting for admission; its predictor learns from completed jobs
@@ -72,6 +74,7 @@ class Orchestrator:
         self.backends = backends
         self.sandboxes = sandboxes
         self.judge = judge  # the LLM judge EVAL reaches as ctx.judge (None: --judge-server not given)
+        self.gateway = gateway  # the OpenAI gateway's sessions, which handlers open with ctx.gateway_session()
         self.results = ResultStore(settings.result_retention_s)
         self.journal: AdmissionLog | None = None  # told of every admitted job (the results journal)
         sizes = {Stage.INIT: settings.init_workers, Stage.RUN: settings.run_workers, Stage.EVAL: settings.eval_workers}
@@ -222,6 +225,7 @@ class Orchestrator:
             trajectory=trajectory,
             _sandboxes=self.sandboxes,
             _judge=self.judge,
+            _gateway=self.gateway,
         )
         # a handler without an INIT of its own skips that stage's queue and thread hop
         first_stage = Stage.INIT if methods.stage(Stage.INIT).overridden else Stage.RUN

@@ -1,0 +1,336 @@
+"""Benchmark: the OpenAI gateway's overhead per chat completion, and token-exactness over multi-turn chats.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/bench_gateway.py [--json out.json] [--overhead-chats 60] [--overhead-turns 4]
+        [--chats 200] [--turns 3] [--max-tokens 10] [--concurrency 4] [--skip-exactness]
+
+About 4 minutes on 2 busy cores with the defaults (almost all of it the dev engine sampling part 2). Every server is a child process of this script (LocalStack,
+stopped by PID); the clients are the official `openai` package, as a harness would use it.
+
+Part 1 - overhead (backend: the scripted test double, `python -m prorl_server.testing`, replies at once)
+    `--overhead-chats` conversations of `--overhead-turns` turns, one call at a time. Each turn is sent three
+    ways, in rotating order: (a) straight to the double's own `POST /v1/chat/completions` (what the harness
+    would call without the gateway), (b) straight to the double as the gateway's two token-in/token-out
+    requests (`POST /tokenize` of the new messages, `POST /v1/completions` with prompt ids), and (c) through
+    a prorl-server gateway session on the same double. The figures are client-observed latencies; "added"
+    is the p50 (p99) of (c) minus the p50 (p99) of (a), and of (c) minus (b): what the gateway itself costs (its
+    HTTP hop and its work), beyond the backend requests any token-exact recording needs. The
+    first turn of each conversation in (c) also pins the session (the double's `/v1/models` once per
+    server) and tokenizes the whole prompt, as every later turn tokenizes only its new messages.
+Part 2 - token-exactness (backend: the dev engine, SmolLM2-135M, `prorl-server dev-llm --debug-sampled`)
+    `--chats` conversations of `--turns` turns through gateway sessions (`--concurrency` at once; sampling at
+    temperature 1 fixed by the trainer, `max_tokens` `--max-tokens`; the harness may set `seed`, and sends
+    `chat * 100 + turn`), each closed with `DELETE /sessions/{id}`. Every recorded turn is matched with the
+    engine's own record of the request (`GET /debug/sampled`: same prompt ids and seed): the figure is the
+    share of model tokens whose id AND logprob are exactly what the engine sampled; also each reply's text
+    must be the turn's, and each conversation one segment without rewrites. Target: 100%.
+
+JSON output (`--json PATH`)::
+
+    {
+      "machine": {"cpus", "python", "load_avg_1m_at_start"},
+      "config": {every command-line option},
+      "overhead": {"calls" (per way), "direct_chat_ms", "direct_tito_ms", "gateway_ms" (each {"p50", "p99"}),
+                   "added_p50_ms", "added_p99_ms" (gateway minus direct chat),
+                   "added_over_tito_p50_ms", "added_over_tito_p99_ms"},
+      "exactness": {"chats", "turns", "model_tokens", "tokens_matching", "share_matching", "turns_unmatched",
+                    "texts_differing", "segments", "rewrites", "failed_chats", "wall_s"},
+      "checks": [{"metric", "value", "baseline", "target", "pass"}],
+      "elapsed_s"
+    }
+
+Exit code 0 whatever the figures; 1 only if a part could not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from _report import check, finish, percentile_ms, positive_int, print_checks, report_header
+
+from prorl_server.launch import LocalStack
+from prorl_server.launch.local_stack import free_port
+from prorl_server.testing.scripted_backend import MODEL_NAME
+
+REPLY = "The answer is forty-two, as usual."
+QUESTIONS = [
+    "Name three colors of the rainbow.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "What is 12 times 12?",
+    "Why is the sky blue?",
+]
+FOLLOW_UPS = ["Tell me more.", "Say it in fewer words.", "Give an example.", "Thanks, and one more thing?"]
+_BASE = [{"role": "user", "content": "A"}, {"role": "assistant", "content": "A"}]
+
+
+def server_options(llm: str) -> list[str]:
+    return ["--llm-server", llm, "--no-entry-points", "--runtime", "local", "--log-level", "warning"]
+
+
+def open_session(server: str, http: httpx.Client, **body: Any) -> dict[str, Any]:
+    return http.post(f"{server}/sessions", json=body).raise_for_status().json()
+
+
+# part 1 ---------------------------------------------------------------------------------------------------
+
+
+def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
+    """Latency of the three ways per turn, one call at a time."""
+    port = free_port()
+    double = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "prorl_server.testing", "--port", str(port), "--default-reply", REPLY]
+    stack.launch("scripted_double", argv, f"{double}/health")
+    server = stack.server(*server_options(f"{double}/v1"))
+    times: dict[str, list[float]] = {"direct_chat": [], "direct_tito": [], "gateway": []}
+    http = httpx.Client(timeout=60, trust_env=False)
+    direct = openai.OpenAI(base_url=f"{double}/v1", api_key="none", max_retries=0, http_client=http)
+    try:
+        for chat in range(args.overhead_chats):
+            session = open_session(server, http)
+            gateway = openai.OpenAI(
+                base_url=session["base_url"], api_key=session["api_key"], max_retries=0, http_client=http
+            )
+            messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[chat % len(QUESTIONS)]}]
+            prompt_ids: list[int] = []
+            new: list[dict[str, Any]] = list(messages)
+            for turn in range(args.overhead_turns):
+                ways = ["direct_chat", "direct_tito", "gateway"]
+                shift = (chat * args.overhead_turns + turn) % 3
+                for way in ways[shift:] + ways[:shift]:
+                    started = time.perf_counter()
+                    if way == "direct_chat":
+                        direct.chat.completions.create(model=MODEL_NAME, messages=messages)
+                    elif way == "gateway":
+                        gateway.chat.completions.create(model=session["model"], messages=messages)
+                    else:
+                        prompt_ids = tito_turn(http, double, prompt_ids, new)
+                    times[way].append(time.perf_counter() - started)
+                new = [{"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
+                messages += [{"role": "assistant", "content": REPLY}, *new]
+            http.delete(f"{server}/sessions/{session['session_id']}").raise_for_status()
+    finally:
+        http.close()
+    summary = {way: {"p50": percentile_ms(v, 50), "p99": percentile_ms(v, 99)} for way, v in times.items()}
+    gw, chat_, tito = summary["gateway"], summary["direct_chat"], summary["direct_tito"]
+    return {
+        "calls": len(times["gateway"]),
+        "direct_chat_ms": chat_,
+        "direct_tito_ms": tito,
+        "gateway_ms": gw,
+        "added_p50_ms": gw["p50"] - chat_["p50"],
+        "added_p99_ms": gw["p99"] - chat_["p99"],
+        "added_over_tito_p50_ms": gw["p50"] - tito["p50"],
+        "added_over_tito_p99_ms": gw["p99"] - tito["p99"],
+    }
+
+
+def tito_turn(http: httpx.Client, double: str, prompt_ids: list[int], new: list[dict[str, Any]]) -> list[int]:
+    """The gateway's two requests for one turn, sent straight to the double; returns the context after it."""
+    if prompt_ids:
+        body = {"messages": [*_BASE, *new], "add_generation_prompt": True, "add_special_tokens": False}
+    else:
+        body = {"messages": new, "add_generation_prompt": True, "add_special_tokens": False}
+    ids = http.post(f"{double}/tokenize", json=body).raise_for_status().json()["tokens"]
+    prompt = prompt_ids + ids
+    completion = http.post(
+        f"{double}/v1/completions",
+        json={"model": MODEL_NAME, "prompt": prompt, "return_token_ids": True, "logprobs": 0, "max_tokens": 64},
+    ).raise_for_status()
+    return prompt + completion.json()["choices"][0]["token_ids"]
+
+
+# part 2 ---------------------------------------------------------------------------------------------------
+
+
+def measure_exactness(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the conversations through gateway sessions on the dev engine and compare with its record."""
+    print("starting the dev engine (SmolLM2-135M, 2 slots) and prorl-server ...", flush=True)
+    llm = stack.dev_llm("--slots", "2", "--debug-sampled", str(args.chats * args.turns + 100))
+    server = stack.server(*server_options(llm))
+    print(f"running {args.chats} chats of {args.turns} turns through gateway sessions", flush=True)
+    started = time.monotonic()
+    outcomes = asyncio.run(run_chats(server, args))
+    wall = time.monotonic() - started
+    with httpx.Client(timeout=60, trust_env=False) as http:
+        sampled = http.get(f"{llm.removesuffix('/v1')}/debug/sampled").json()
+    records = {(tuple(r["prompt_ids"]), r["seed"]): r for r in sampled}
+    figures = {"model_tokens": 0, "tokens_matching": 0, "turns": 0, "turns_unmatched": 0, "texts_differing": 0}
+    segments = rewrites = failed = 0
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            failed += 1
+            continue
+        record, replies, seeds = outcome
+        segments += len(record["segments"])
+        rewrites += record["rewrites"]
+        turns = [(segment, turn) for segment in record["segments"] for turn in segment["turns"]]
+        for (segment, turn), reply, seed in zip(turns, replies, seeds, strict=False):
+            figures["turns"] += 1
+            figures["model_tokens"] += len(turn["output_ids"])
+            figures["texts_differing"] += reply != turn["text"]
+            context = segment["prompt_ids"] + segment["response_ids"]
+            engine = records.get((tuple(context[: turn["prompt_len"]]), seed))
+            if engine is None:
+                figures["turns_unmatched"] += 1
+                continue
+            figures["tokens_matching"] += sum(
+                1
+                for i, (token, logprob) in enumerate(zip(turn["output_ids"], turn["logprobs"], strict=True))
+                if i < len(engine["output_ids"])
+                and token == engine["output_ids"][i]
+                and logprob == engine["logprobs"][i]
+            )
+    share = figures["tokens_matching"] / figures["model_tokens"] if figures["model_tokens"] else None
+    return {
+        "chats": args.chats,
+        **figures,
+        "share_matching": share,
+        "segments": segments,
+        "rewrites": rewrites,
+        "failed_chats": failed,
+        "wall_s": round(wall, 1),
+    }
+
+
+async def run_chats(server: str, args: argparse.Namespace) -> list[Any]:
+    limit = asyncio.Semaphore(args.concurrency)
+    async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+
+        async def one(chat: int) -> tuple[dict[str, Any], list[str], list[int]]:
+            async with limit:
+                return await run_chat(server, http, chat, args)
+
+        return await asyncio.gather(*(one(i) for i in range(args.chats)), return_exceptions=True)
+
+
+async def run_chat(
+    server: str, http: httpx.AsyncClient, chat: int, args: argparse.Namespace
+) -> tuple[dict[str, Any], list[str], list[int]]:
+    """One conversation: its recording, the replies the harness got, and the seeds it sent."""
+    sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
+    opened = await http.post(f"{server}/sessions", json={"sampling_params": sampling, "harness_params": ["seed"]})
+    session = opened.raise_for_status().json()
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=600)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[chat % len(QUESTIONS)]}]
+    replies: list[str] = []
+    seeds: list[int] = []
+    try:
+        for turn in range(args.turns):
+            seed = chat * 100 + turn
+            answer = await client.chat.completions.create(model=session["model"], messages=messages, seed=seed)
+            text = answer.choices[0].message.content or ""
+            replies.append(text)
+            seeds.append(seed)
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": FOLLOW_UPS[turn % 4]}]
+    finally:
+        await client.close()
+        closed = await http.delete(f"{server}/sessions/{session['session_id']}")
+    return closed.raise_for_status().json(), replies, seeds
+
+
+# report ---------------------------------------------------------------------------------------------------
+
+
+def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    if "overhead" in report:
+        o = report["overhead"]
+        rows.append(
+            check(
+                "gateway added latency per chat completion, p50 (p99)",
+                f"{o['added_p50_ms']:.2f} ms ({o['added_p99_ms']:.2f} ms)",
+                f"direct chat {o['direct_chat_ms']['p50']:.2f} ms p50",
+                "<= 1 ms p50",
+                o["added_p50_ms"] <= 1.0,
+            )
+        )
+        rows.append(
+            check(
+                "gateway over its 2 backend requests sent directly, p50 (p99)",
+                f"{o['added_over_tito_p50_ms']:.2f} ms ({o['added_over_tito_p99_ms']:.2f} ms)",
+                f"tokenize + completions {o['direct_tito_ms']['p50']:.2f} ms p50",
+                "-",
+                None,
+            )
+        )
+    if "exactness" in report:
+        e = report["exactness"]
+        share = e["share_matching"]
+        rows.append(
+            check(
+                "model tokens recorded exactly as the dev engine sampled them (id and logprob)",
+                f"{100 * share:.2f}% of {e['model_tokens']}" if share is not None else None,
+                f"{e['chats']} chats, {e['turns']} turns",
+                "100%",
+                share == 1.0 and e["turns_unmatched"] == 0 and e["failed_chats"] == 0 and e["texts_differing"] == 0,
+            )
+        )
+    return rows
+
+
+def print_report(report: dict[str, Any]) -> None:
+    if "overhead" in report:
+        o = report["overhead"]
+        print(f"\nOverhead (scripted double, {o['calls']} calls per way, one at a time)")
+        print(f"  {'way':<44} {'p50 ms':>8} {'p99 ms':>8}")
+        for label, key in [
+            ("direct: the double's /v1/chat/completions", "direct_chat_ms"),
+            ("direct: /tokenize + /v1/completions (ids)", "direct_tito_ms"),
+            ("gateway session", "gateway_ms"),
+        ]:
+            print(f"  {label:<44} {o[key]['p50']:>8.2f} {o[key]['p99']:>8.2f}")
+    if "exactness" in report:
+        e = report["exactness"]
+        print(f"\nToken-exactness (dev engine; engine's record: GET /debug/sampled; {e['wall_s']} s)")
+        for key in ("chats", "turns", "model_tokens", "tokens_matching", "turns_unmatched", "texts_differing"):
+            print(f"  {key:<18} {e[key]}")
+        print(f"  {'segments':<18} {e['segments']} (rewrites {e['rewrites']}, failed chats {e['failed_chats']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the tables, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--overhead-chats", type=positive_int, default=60, help="conversations of part 1")
+    parser.add_argument("--overhead-turns", type=positive_int, default=4, help="turns per conversation, part 1")
+    parser.add_argument("--chats", type=positive_int, default=200, help="conversations of part 2")
+    parser.add_argument("--turns", type=positive_int, default=3, help="turns per conversation, part 2")
+    parser.add_argument("--max-tokens", type=positive_int, default=10, help="max_tokens per turn, part 2")
+    parser.add_argument("--concurrency", type=positive_int, default=4, help="conversations at once, part 2")
+    parser.add_argument("--skip-exactness", action="store_true", help="part 1 only (no dev engine needed)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    report: dict[str, Any] = report_header(args)
+    failures: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        parts = [("overhead", measure_overhead)]
+        if not args.skip_exactness:
+            parts.append(("exactness", measure_exactness))
+        for name, measure in parts:
+            logs = Path(tmp) / name
+            logs.mkdir()
+            try:
+                with LocalStack(logs) as stack:
+                    report[name] = measure(stack, args)
+            except Exception as exc:  # a part that cannot run at all
+                failures[name] = f"{type(exc).__name__}: {exc}"
+    report["checks"] = build_checks(report)
+    report["elapsed_s"] = time.monotonic() - started
+    print_report(report)
+    print_checks(report["checks"])
+    return finish(report, failures, args.json, None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""The OpenAI-compatible gateway: any harness that speaks OpenAI's Chat Completions API reaches the policy
+through a session, and every completion is recorded token-exact (docs/gateway.md).
+
+Laid out as vLLM's entrypoints are: `protocol` (wire models), `serving` (request to answer), `router` (thin
+routes), with `sessions` (the open sessions: keys, bounds, closing), `recorder` (the token-exact segments),
+`messages` (a harness's messages as the template and the comparison see them) and `errors` (OpenAI's error
+shape). This package imports no handler code, so `JobContext` can open sessions.
+"""

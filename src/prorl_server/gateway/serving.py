@@ -1,0 +1,155 @@
+"""The gateway's logic: read a harness's request, record the completion, answer in OpenAI's shape.
+
+A streamed completion (`stream: true`) is sampled whole first (the backend is asked for token ids, which
+only a non-streamed vLLM completion returns) and then sent as server-sent events: the role, the content,
+the tool calls, the finish reason, the usage when `stream_options.include_usage` asks for it, `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import from_json
+from starlette.requests import Request
+
+from prorl_server.gateway.errors import GatewayError, bad_request
+from prorl_server.gateway.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ToolCallDelta,
+    Usage,
+)
+from prorl_server.gateway.recorder import RecordedCall
+from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
+from prorl_server.llm.errors import BackendRequestError, LLMError, SessionFinished
+
+
+async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatCompletionRequest:
+    """The body as a ChatCompletionRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limits.max_body_bytes:
+            raise GatewayError(
+                413,
+                f"request body larger than {limits.max_body_bytes} bytes (the server's --gateway-max-body-bytes)",
+                code="body_too_large",
+            )
+    try:
+        data = from_json(body, cache_strings=False, allow_inf_nan=False)
+    except ValueError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object")
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise bad_request(
+            f"{len(messages)} messages; a request may have at most {limits.max_messages} (--gateway-max-messages)",
+            param="messages",
+        )
+    try:
+        return ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        param = _param(error["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise bad_request(f"{param or 'body'}: {error['msg']}{more}"[:500], param=param) from None
+
+
+async def complete(session: GatewaySession, request: ChatCompletionRequest) -> RecordedCall:
+    """Record one completion of `session`; LLM failures become OpenAI-shaped errors."""
+    if not session.answers_as(request.model):
+        raise GatewayError(
+            404,
+            f"the model {request.model[:100]!r} does not exist in this session; it serves "
+            + " or ".join(repr(n) for n in session.model_names),
+            param="model",
+            code="model_not_found",
+        )
+    try:
+        return await session.recorder.complete(request)
+    except SessionFinished:
+        raise GatewayError(404, "the session is closed", code="session_closed") from None
+    except BackendRequestError as exc:
+        raise bad_request(f"the model's backend refused the request: {exc}", code="backend_rejected") from None
+    except LLMError as exc:
+        raise GatewayError(503, f"the model's backend failed: {exc}", type="server_error") from None
+
+
+def completion_body(request: ChatCompletionRequest, call: RecordedCall) -> dict[str, Any]:
+    """The non-streamed answer."""
+    answer = ChatCompletion(
+        id=_completion_id(),
+        created=int(time.time()),
+        model=request.model,
+        choices=[Choice(message=call.reply, finish_reason=call.finish_reason)],
+        usage=_usage(call),
+    )
+    body = answer.model_dump(exclude_none=True)
+    body["choices"][0]["message"]["content"] = call.reply.content  # null with tool calls, as OpenAI sends it
+    return body
+
+
+async def completion_events(request: ChatCompletionRequest, call: RecordedCall) -> AsyncIterator[str]:
+    """The streamed answer, as server-sent events."""
+    for chunk in _chunks(request, call):
+        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _chunks(request: ChatCompletionRequest, call: RecordedCall) -> Iterator[dict[str, Any]]:
+    chunk_id, created = _completion_id(), int(time.time())
+
+    def chunk(delta: Delta, finish: str | None = None) -> dict[str, Any]:
+        c = ChatCompletionChunk(
+            id=chunk_id,
+            created=created,
+            model=request.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish)],
+        )
+        return c.model_dump(exclude_none=True)
+
+    yield chunk(Delta(role="assistant", content=""))
+    if call.reply.content:
+        yield chunk(Delta(content=call.reply.content))
+    if call.reply.tool_calls:
+        calls = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(call.reply.tool_calls)]
+        yield chunk(Delta(tool_calls=calls))
+    yield chunk(Delta(), call.finish_reason)
+    if request.stream_options is not None and request.stream_options.include_usage:
+        usage = ChatCompletionChunk(id=chunk_id, created=created, model=request.model, choices=[], usage=_usage(call))
+        yield usage.model_dump(exclude_none=True)
+
+
+def _usage(call: RecordedCall) -> Usage:
+    return Usage(
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        total_tokens=call.prompt_tokens + call.completion_tokens,
+    )
+
+
+def _completion_id() -> str:
+    return f"chatcmpl-{secrets.token_hex(12)}"
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """A pydantic error location as OpenAI names a parameter, e.g. `messages[2].content` (union tags dropped)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("system", "developer", "user", "assistant", "tool", "str", "list[TextPart]") or "[" in part:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out[:200] or None
