@@ -6,7 +6,7 @@ Run it from the repository root::
         [--configs fcfs,progressive] [--backends 4] [--max-num-seqs 16] [--prompts 24] [--samples 4] [--seed 0]
         [--time-scale 10]
 
-About 3 minutes on 2 cores with the defaults. Workloads shaped like Heddle's coding, search and math agents
+About 3.5 minutes on 2 cores with the defaults. Workloads shaped like Heddle's coding, search and math agents
 (section 7): per trajectory, a number of turns and per-turn output tokens drawn lognormal with heavy tails
 (a lasting per-prompt scale times a per-sample draw, so the samples of one prompt resemble each other and a
 predictor can learn per prompt), tool time between turns of about 0.5 s (coding), 1.4 s (search) and
