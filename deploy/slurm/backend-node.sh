@@ -25,14 +25,6 @@ for i in $(seq 0 $(( BACKENDS_PER_NODE - 1 ))); do
   announcers+=($!)
 done
 
-for pid in "${announcers[@]}"; do
-  if ! wait "$pid"; then
-    log "a backend did not become ready: stopping this node's backends"
-    stop_and_reap "${backends[@]}"
-    exit 1
-  fi
-done
-for pid in "${backends[@]}"; do
-  while kill -0 "$pid" 2>/dev/null; do wait "$pid" 2>/dev/null || true; done
-done
+await_announcers backend "${backends[@]}"
+reap "${backends[@]}"
 log "backends exited"

@@ -85,3 +85,17 @@ stop_and_reap() {
   kill -TERM "$@" 2>/dev/null || true
   reap "$@"
 }
+
+# await_announcers WHAT PID...: wait for each of this node's `slurm announce` calls ($announcers); when one
+# failed (its process never became ready), stop PID... (this node's WHATs) and exit 1
+await_announcers() {
+  local what=$1 pid
+  shift
+  for pid in "${announcers[@]}"; do
+    if ! wait "$pid"; then
+      log "a $what did not become ready: stopping this node's ${what}s"
+      stop_and_reap "$@"
+      exit 1
+    fi
+  done
+}

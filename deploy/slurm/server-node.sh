@@ -29,15 +29,7 @@ for i in $(seq 0 $(( SERVERS_PER_NODE - 1 ))); do
   announcers+=($!)
 done
 
-for pid in "${announcers[@]}"; do
-  if ! wait "$pid"; then
-    log "a server did not become ready: stopping this node's servers"
-    stop_and_reap "${servers[@]}"
-    exit 1
-  fi
-done
+await_announcers server "${servers[@]}"
 # until every server has exited (a signal interrupts `wait`; the trap then stops them all)
-for pid in "${servers[@]}"; do
-  while kill -0 "$pid" 2>/dev/null; do wait "$pid" 2>/dev/null || true; done
-done
+reap "${servers[@]}"
 log "servers exited"
