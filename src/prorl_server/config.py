@@ -28,7 +28,7 @@ PredictorName = Literal["online", "source_mean", "none"]
 """Length predictors by name (scheduling.PREDICTORS)."""
 
 JournalSync = Literal["normal", "full"]
-"""SQLite `synchronous` modes of the results journal (journal/store.py says what each survives)."""
+"""SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""

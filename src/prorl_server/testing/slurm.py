@@ -101,7 +101,8 @@ def two_free_ports() -> int:
 
 def dev_engine_knobs(**overrides: str) -> dict[str, str]:
     """deploy/slurm/ knobs for one node with 2 cores: 2 rollout servers (1 core) and 2 dev-engine backends
-    (1 core), on loopback, with this Python's prorl-server; `overrides` win."""
+    (1 core), on loopback and announced as 127.0.0.1 (the hostname may resolve to another address), with this
+    Python's prorl-server; `overrides` win."""
     prorl_server = Path(sys.executable).parent / "prorl-server"
     return {
         "PRORL_SERVER": str(prorl_server),
@@ -110,6 +111,7 @@ def dev_engine_knobs(**overrides: str) -> dict[str, str]:
         "SERVER_CPUS_PER_NODE": "1",
         "SERVER_PORT": str(two_free_ports()),
         "SERVER_BIND": "127.0.0.1",
+        "NODE_ADDRESS": "127.0.0.1",
         "BACKEND_NODES": "1",
         "GPUS_PER_NODE": "0",
         "BACKENDS_PER_NODE": "2",
