@@ -1,0 +1,52 @@
+"""A gateway session inside a sandbox without network: its bridge's socket bound in, relayed on loopback.
+
+`sandbox_spec()` adds to a sandbox's spec the bind of a `SessionBridge`'s socket (at SANDBOX_SOCKET) and
+the variables an OpenAI client reads (`OPENAI_BASE_URL=http://127.0.0.1:SANDBOX_PORT/v1`, `OPENAI_API_KEY`,
+and `OPENAI_MODEL`); once the sandbox is up, `start_relay()` has its execution server listen on that port
+(tools/relay.py). Every process of the sandbox then reaches its own session, and only it: the bridge on the
+host fixes the session and refuses every other path. `JobContext.start_sandbox(spec, gateway=access)` does
+all of it (docs/gateway.md, "From inside a sandbox").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prorl_server.sandbox.base import Sandbox, SandboxError
+from prorl_server.sandbox.spec import Bind, SandboxSpec
+
+if TYPE_CHECKING:
+    from prorl_server.gateway.bridge import SessionBridge
+
+SANDBOX_SOCKET = "/run/prorl/gateway.sock"
+SANDBOX_PORT = 8642
+ENV_BASE_URL = "OPENAI_BASE_URL"
+ENV_API_KEY = "OPENAI_API_KEY"
+ENV_MODEL = "OPENAI_MODEL"
+
+
+def gateway_env(api_key: str, model: str) -> dict[str, str]:
+    """The variables that point an OpenAI client in the sandbox at its session."""
+    return {ENV_BASE_URL: f"http://127.0.0.1:{SANDBOX_PORT}/v1", ENV_API_KEY: api_key, ENV_MODEL: model}
+
+
+def sandbox_spec(spec: SandboxSpec, bridge: SessionBridge | None, api_key: str, model: str) -> SandboxSpec:
+    """`spec` with the bridge's socket bound in and the gateway's variables set (SandboxError for a sandbox
+    that shares the host network or has no execution server to relay; with no `bridge`, only that check)."""
+    if spec.network != "none":
+        raise SandboxError(
+            f"the gateway is relayed into sandboxes with network 'none' only (this one has {spec.network!r}); a "
+            "sandbox sharing the host network reaches the session's base_url directly (with allow_api=True)"
+        )
+    if not spec.tools:
+        raise SandboxError("the gateway is relayed by the sandbox's execution server: the spec needs tools=True")
+    if bridge is None:
+        return spec
+    bind = Bind(source=str(bridge.socket_path), target=SANDBOX_SOCKET, read_only=True)
+    env = {**spec.env, **gateway_env(api_key, model)}
+    return spec.model_copy(update={"binds": [*spec.binds, bind], "env": env})
+
+
+async def start_relay(sandbox: Sandbox) -> None:
+    """Have the sandbox's execution server relay SANDBOX_PORT on its loopback to the bound socket."""
+    await sandbox.tools.gateway_relay(SANDBOX_SOCKET, SANDBOX_PORT)
