@@ -9,8 +9,9 @@ trusted end and decides everything; what the sandbox sends is untrusted:
   by the path, so no other session, no trainer endpoint and no backend can be named from inside;
 - only `Authorization` and `Content-Type` are passed on; the gateway checks the key as for any harness;
 - a body over `max_body_bytes` (the gateway's `--gateway-max-body-bytes`) gets 413 before it is forwarded;
-  a request head still incomplete at MAX_HEAD_BYTES (so at most that plus one read of CHUNK bytes), malformed HTTP, or a request not complete within READ_TIMEOUT_S
-  closes the connection; at most MAX_CONNECTIONS connections at once (more are closed at once);
+  a request head still incomplete at MAX_HEAD_BYTES (so a head is at most that plus one read of CHUNK
+  bytes), malformed HTTP, or READ_TIMEOUT_S without a byte while a request is due closes the connection;
+  at most MAX_CONNECTIONS connections at once (more are closed at once);
 - a client that closes its connection while its completion runs aborts it (the upstream request is closed,
   so the gateway aborts the backend request), as a harness on the host would.
 

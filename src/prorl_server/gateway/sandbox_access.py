@@ -30,9 +30,8 @@ def gateway_env(api_key: str, model: str) -> dict[str, str]:
     return {ENV_BASE_URL: f"http://127.0.0.1:{SANDBOX_PORT}/v1", ENV_API_KEY: api_key, ENV_MODEL: model}
 
 
-def sandbox_spec(spec: SandboxSpec, bridge: SessionBridge | None, api_key: str, model: str) -> SandboxSpec:
-    """`spec` with the bridge's socket bound in and the gateway's variables set (SandboxError for a sandbox
-    that shares the host network or has no execution server to relay; with no `bridge`, only that check)."""
+def check_spec(spec: SandboxSpec) -> None:
+    """SandboxError unless a relay can serve `spec`'s sandbox: no network of the host's, an execution server."""
     if spec.network != "none":
         raise SandboxError(
             f"the gateway is relayed into sandboxes with network 'none' only (this one has {spec.network!r}); a "
@@ -40,8 +39,11 @@ def sandbox_spec(spec: SandboxSpec, bridge: SessionBridge | None, api_key: str, 
         )
     if not spec.tools:
         raise SandboxError("the gateway is relayed by the sandbox's execution server: the spec needs tools=True")
-    if bridge is None:
-        return spec
+
+
+def sandbox_spec(spec: SandboxSpec, bridge: SessionBridge, api_key: str, model: str) -> SandboxSpec:
+    """`spec` with the bridge's socket bound in and the gateway's variables set (checked with `check_spec`)."""
+    check_spec(spec)
     bind = Bind(source=str(bridge.socket_path), target=SANDBOX_SOCKET, read_only=True)
     env = {**spec.env, **gateway_env(api_key, model)}
     return spec.model_copy(update={"binds": [*spec.binds, bind], "env": env})

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
-from prorl_server.gateway.sandbox_access import sandbox_spec, start_relay
+from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
 from prorl_server.protocol import Trajectory
@@ -136,7 +136,7 @@ class JobContext:
         """`spec` with a bridge to `gateway`'s session bound in; the bridge is closed on release."""
         if self._gateway is None or self._sandboxes is None:
             raise RuntimeError("this server has no gateway (JobContext built without one)")
-        sandbox_spec(spec, None, gateway.api_key, gateway.model)  # refuse a spec that cannot have one first
+        check_spec(spec)  # before the bridge is opened
         manager = self._sandboxes
         ensure_private_dir(manager.base_dir)
         parent = manager.base_dir / manager.owner
