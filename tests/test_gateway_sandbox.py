@@ -16,7 +16,7 @@ from server_jobs import result, submit
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.gateway.bridge import MAX_CONNECTIONS, MAX_HEAD_BYTES, SessionBridge
-from prorl_server.gateway.sandbox_access import SANDBOX_PORT, sandbox_spec, start_relay
+from prorl_server.gateway.sandbox_access import PLACEHOLDER_KEY, SANDBOX_PORT, sandbox_spec, start_relay
 from prorl_server.sandbox import SandboxSpec
 from prorl_server.sandbox.registry import unavailable_reason
 from prorl_server.testing import ScriptedReply
@@ -83,8 +83,8 @@ def open_session(server) -> dict:
 async def sandbox_with_gateway(isolated, server, session: dict):
     """A sandbox of the harness's runtime reaching `session` as JobContext.start_sandbox(gateway=...) does."""
     parent = isolated.runtime.base_dir / isolated.owner
-    bridge = await SessionBridge.open(session["base_url"], BODY_LIMIT, parent)
-    spec = sandbox_spec(isolated.spec(), bridge, session["api_key"], session["model"])
+    bridge = await SessionBridge.open(session["base_url"], session["api_key"], BODY_LIMIT, parent)
+    spec = sandbox_spec(isolated.spec(), bridge, session["model"])
     sandbox = await isolated.runtime.start(spec)
     isolated.sandboxes.append(sandbox)
     await start_relay(sandbox)
@@ -126,17 +126,20 @@ async def test_a_command_in_the_sandbox_completes_a_chat_through_its_own_session
 
 
 async def test_a_sandbox_reaches_no_other_session_no_other_path_no_backend_and_no_huge_body(isolated, strict, server):
+    strict.double.push("mine")
     mine, other = open_session(server), open_session(server)
     sandbox, bridge = await sandbox_with_gateway(isolated, server, mine)
+    keys = await sandbox.bash("env | grep -o 'sk-prorl-[A-Za-z0-9_-]*' | sort -u")
+    assert keys.output.split() == [PLACEHOLDER_KEY]  # no session key inside
     backend, api = urlsplit(strict.address), urlsplit(server.url)
     theirs = f"/sessions/{other['session_id']}/v1"
-    body = chat("let me in")
+    body = chat("let me in") | {"model": mine["model"]}
     try:
         outcomes = await probe(
             sandbox,
             ["http", "POST", f"{theirs}/chat/completions", body, other["api_key"]],  # another session's path
             ["http", "GET", f"{theirs}/models", None, other["api_key"]],
-            ["http", "POST", "/v1/chat/completions", body, other["api_key"]],  # its key on my path
+            ["http", "POST", "/v1/chat/completions", body, other["api_key"]],  # its key on my path: still mine
             ["http", "GET", f"/sessions/{mine['session_id']}/v1/models", None, None],  # server paths, even mine
             ["http", "GET", "/jobs", None, None],
             ["http", "POST", "/jobs", {"job_id": "x"}, None],
@@ -152,16 +155,16 @@ async def test_a_sandbox_reaches_no_other_session_no_other_path_no_backend_and_n
         )
     finally:
         await bridge.close()
-    assert [o[0] for o in outcomes[:3]] == [404, 404, 401], outcomes
-    assert outcomes[0][1]["error"]["code"] == "not_found" and outcomes[2][1]["error"]["code"] == "invalid_api_key"
+    assert [o[0] for o in outcomes[:3]] == [404, 404, 200], outcomes
+    assert outcomes[0][1]["error"]["code"] == "not_found"
+    assert outcomes[2][1]["choices"][0]["message"]["content"] == "mine"  # the socket fixes the session
     assert [o[0] for o in outcomes[3:11]] == [404] * 8, outcomes
     assert [o[0] for o in outcomes[11:13]] == ["refused", "refused"], outcomes
     assert outcomes[13] == ["HTTP/1.1 413 "], outcomes
     assert outcomes[14][0] in ("", "refused"), outcomes  # a head over the bound: dropped (EOF or reset)
-    assert strict.double.requests == []
-    for session in (mine, other):  # nothing was recorded, and both sessions are still open
-        record = server.http.delete(f"/sessions/{session['session_id']}").json()
-        assert record["calls"] == 0 and record["segments"] == []
+    assert len(strict.double.requests) == 1  # the one call on the sandbox's own session
+    calls = [server.http.delete(f"/sessions/{s['session_id']}").json()["calls"] for s in (mine, other)]
+    assert calls == [1, 0]  # both still open; the other untouched
 
 
 async def test_the_relay_runs_once_per_sandbox_and_closing_the_bridge_ends_the_session_s_reach(
@@ -223,15 +226,15 @@ def unix_request(path, request: bytes) -> socket.socket:
     return sock
 
 
-def http_request(method: str, path: str, key: str, body: bytes = b"") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: sandbox\r\nAuthorization: Bearer {key}\r\n"
+def http_request(method: str, path: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: sandbox\r\nAuthorization: Bearer {PLACEHOLDER_KEY}\r\n"
     return (head + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 async def test_the_bridge_caps_its_connections(strict, server, tmp_path):
     session = open_session(server)
-    bridge = await SessionBridge.open(session["base_url"], BODY_LIMIT, tmp_path)
-    models = http_request("GET", "/v1/models", session["api_key"])
+    bridge = await SessionBridge.open(session["base_url"], session["api_key"], BODY_LIMIT, tmp_path)
+    models = http_request("GET", "/v1/models")
     try:
         held = [await asyncio.to_thread(unix_request, bridge.socket_path, b"") for _ in range(MAX_CONNECTIONS)]
         extra = await asyncio.to_thread(unix_request, bridge.socket_path, b"")
@@ -255,11 +258,11 @@ async def test_the_bridge_caps_its_connections(strict, server, tmp_path):
 async def test_a_client_that_hangs_up_aborts_its_completion(strict, server, tmp_path):
     strict.double.push(ScriptedReply(text="too late", delay_s=120))
     session = open_session(server)
-    bridge = await SessionBridge.open(session["base_url"], BODY_LIMIT, tmp_path)
+    bridge = await SessionBridge.open(session["base_url"], session["api_key"], BODY_LIMIT, tmp_path)
     body = json.dumps(chat("hi") | {"model": session["model"]}).encode()
     try:
         sock = await asyncio.to_thread(
-            unix_request, bridge.socket_path, http_request("POST", "/v1/chat/completions", session["api_key"], body)
+            unix_request, bridge.socket_path, http_request("POST", "/v1/chat/completions", body)
         )
         await asyncio.to_thread(wait_for, lambda: len(strict.double.requests) == 1, 30, "the completion starts")
         sock.close()

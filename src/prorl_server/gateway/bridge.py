@@ -7,7 +7,9 @@ trusted end and decides everything; what the sandbox sends is untrusted:
 - only `POST /v1/chat/completions` and `GET /v1/models` pass (no query string); anything else is a 404 in
   OpenAI's error shape. Each goes to the session's own base URL: the session is fixed by the socket, never
   by the path, so no other session, no trainer endpoint and no backend can be named from inside;
-- only `Authorization` and `Content-Type` are passed on; the gateway checks the key as for any harness;
+- the bridge sends the session's key itself (`Authorization`), whatever the sandbox sends: the sandbox
+  never holds a key (its `OPENAI_API_KEY` is a placeholder), so nothing it learns opens anything elsewhere;
+  only `Content-Type` of its headers is passed on;
 - a body over `max_body_bytes` (the gateway's `--gateway-max-body-bytes`) gets 413 before it is forwarded;
   a request head still incomplete at MAX_HEAD_BYTES (so a head is at most that plus one read of CHUNK
   bytes), malformed HTTP, or READ_TIMEOUT_S without a byte while a request is due closes the connection;
@@ -40,7 +42,7 @@ READ_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
 CHUNK = 64 * 1024  # bytes read or relayed at a time
 SOCKET_NAME = "gw.sock"
-PASSED_HEADERS = (b"authorization", b"content-type")
+PASSED_HEADERS = (b"content-type",)
 
 
 class _Refused(Exception):
@@ -52,10 +54,11 @@ class _Refused(Exception):
 
 class SessionBridge:
     """Serves one session's OpenAI paths on a Unix socket, forwarding them to `upstream` (the session's base
-    URL, ending in `/v1`). Open with `await SessionBridge.open(...)`."""
+    URL, ending in `/v1`) with its `api_key`. Open with `await SessionBridge.open(...)`."""
 
-    def __init__(self, upstream: str, max_body_bytes: int, directory: Path) -> None:
+    def __init__(self, upstream: str, api_key: str, max_body_bytes: int, directory: Path) -> None:
         self.upstream = upstream.rstrip("/")
+        self._authorization = ("authorization", f"Bearer {api_key}")
         self.max_body_bytes = max_body_bytes
         self.directory = directory
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
@@ -70,12 +73,12 @@ class SessionBridge:
         return self.directory / SOCKET_NAME
 
     @classmethod
-    async def open(cls, upstream: str, max_body_bytes: int, parent: Path) -> SessionBridge:
+    async def open(cls, upstream: str, api_key: str, max_body_bytes: int, parent: Path) -> SessionBridge:
         """A bridge listening in a new private directory under `parent` (made mode 0700 if missing)."""
         parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         directory = parent / f"gw-{secrets.token_hex(6)}"
         directory.mkdir(mode=0o700)
-        bridge = cls(upstream, max_body_bytes, directory)
+        bridge = cls(upstream, api_key, max_body_bytes, directory)
         try:
             bridge._server = await asyncio.start_unix_server(bridge._accept, path=str(bridge.socket_path))
             os.chmod(bridge.socket_path, 0o666)  # the sandbox's user (nobody, under a root server) connects
@@ -195,7 +198,7 @@ class SessionBridge:
         upstream = self._client.build_request(
             request.method.decode(),
             self.upstream + suffix,
-            headers=[*headers, ("accept-encoding", "identity")],
+            headers=[*headers, self._authorization, ("accept-encoding", "identity")],
             content=body,
         )
         sending = asyncio.ensure_future(self._client.send(upstream, stream=True))

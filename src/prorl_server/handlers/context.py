@@ -107,9 +107,9 @@ class JobContext:
         JobFinished; a sandbox whose start completes after the job ended is closed at once (JobFinished).
 
         With `gateway` (from `gateway_session()`), every process of the sandbox has `OPENAI_BASE_URL`,
-        `OPENAI_API_KEY` and `OPENAI_MODEL` set and reaches that session, and nothing else of the host,
-        through a socket bound in (docs/gateway.md, "From inside a sandbox"); the spec's network must be
-        `none`.
+        `OPENAI_API_KEY` (a placeholder; the host adds the session's key) and `OPENAI_MODEL` set, and
+        reaches that session, and nothing else of the host, through a socket bound in (docs/gateway.md,
+        "From inside a sandbox"); the spec's network must be `none`.
         """
         if self._sandboxes is None:
             raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")
@@ -140,11 +140,12 @@ class JobContext:
         manager = self._sandboxes
         ensure_private_dir(manager.base_dir)
         parent = manager.base_dir / manager.owner
-        bridge = await SessionBridge.open(gateway.base_url, self._gateway.limits.max_body_bytes, parent)
+        limit = self._gateway.limits.max_body_bytes
+        bridge = await SessionBridge.open(gateway.base_url, gateway.api_key, limit, parent)
         if not self._keep(bridge.close):
             await bridge.close()
             raise JobFinished(f"job {self.job_id} ended while its sandbox was starting")
-        return sandbox_spec(spec, bridge, gateway.api_key, gateway.model)
+        return sandbox_spec(spec, bridge, gateway.model)
 
     async def gateway_session(
         self, *, harness_params: tuple[str, ...] = ("max_tokens",), model: str | None = None
