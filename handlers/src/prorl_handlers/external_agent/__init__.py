@@ -25,7 +25,8 @@ The sandbox is the server's default (`--image`); the command runs with that imag
 here is an example agent (a ReAct loop over bash with the official `openai` package); `example_instance()`
 makes an instance that runs it. Its sandbox's Python must import `openai`: under bubblewrap without an image
 that is the server's own Python (the `test` extra installs `openai`); for an Apptainer image, build one with
-it: `prorl-server build-image python --lockfile handlers/src/prorl_handlers/external_agent/requirements.txt`.
+it: `prorl-server build-image python --lockfile handlers/src/prorl_handlers/external_agent/requirements.txt`
+(docs/gateway.md).
 """
 
 import shlex
