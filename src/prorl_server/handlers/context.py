@@ -35,7 +35,8 @@ LATE_RELEASE_WAIT_S = 30.0  # a worker thread waits this long for a cleanup it r
 @dataclass(frozen=True)
 class GatewayAccess:
     """How an OpenAI-client agent reaches its job's gateway session: give it `base_url` and `api_key` (as
-    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`."""
+    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`; for an agent in a sandbox without
+    network, pass it to `start_sandbox(spec, gateway=...)` instead."""
 
     session_id: str
     base_url: str
