@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from polling import wait_for
 from prorl_handlers.external_agent import ExternalAgentHandler, example_instance
 from server_jobs import result, submit
 
 from prorl_server.sandbox.registry import unavailable_reason
+from prorl_server.testing import ScriptedReply
 
 BWRAP = unavailable_reason("bwrap")
 pytestmark = pytest.mark.skipif(BWRAP is not None, reason=f"bwrap: {BWRAP}")
@@ -75,3 +77,16 @@ def test_the_score_command_gives_the_reward_by_its_stdout_or_exit_code(strict, s
 def test_a_malformed_instance_is_refused_at_submission(server):
     answer = server.http.post("/jobs", json={"job_id": "j3", "instance": {"data_source": "external_agent"}})
     assert answer.status_code == 400 and "command" in answer.text
+
+
+def test_cancelling_the_job_aborts_the_agent_s_completion_and_closes_its_bridge(strict, server):
+    strict.double.push(ScriptedReply(text=FINAL, delay_s=120), job="j4")
+    submit(server, "j4", instance=example_instance("Wait.", score={"command": "true"}))
+    wait_for(lambda: len(strict.double.requests) == 1, 60, "the agent's completion reaches the backend")
+    assert server.http.delete("/jobs/j4").status_code == 200
+    assert result(server, "j4", timeout=60)["status"] == "cancelled"
+    wait_for(lambda: strict.double.requests[0].outcome == "aborted", 30, "the completion is aborted")
+    wait_for(lambda: len(server.state.gateway) == 0, 30, "the session is closed")
+    manager = server.state.orchestrator.sandboxes
+    owner_dir = manager.base_dir / manager.owner
+    wait_for(lambda: not list(owner_dir.glob("gw-*")), 30, "the bridge's directory is removed")
