@@ -65,6 +65,14 @@ def test_lockfile_is_copied_and_pip_installed(builder: ImageBuilder):
     assert "python3-pip" in text and "pip install --no-cache-dir --break-system-packages -r" in text
 
 
+def test_a_pip_cert_is_used_by_the_pip_install_only_and_not_left_in_the_image(builder: ImageBuilder):
+    text = builder.render("python", base="/b.sif", context="/c", lockfile=True, pip_cert=True, ipython=False)
+    assert "    /c/pip-cert.pem /opt/prorl/pip-cert.pem\n" in text
+    install = "PIP_CERT=/opt/prorl/pip-cert.pem REQUESTS_CA_BUNDLE=/opt/prorl/pip-cert.pem \\\n        python3 -m pip"
+    assert install in text and text.index(install) < text.index("    rm /opt/prorl/pip-cert.pem\n")
+    assert "pip-cert" not in builder.render("python", base="/b.sif", context="/c", lockfile=True, ipython=False)
+
+
 def test_unknown_templates_and_missing_variables_are_explained(builder: ImageBuilder, tmp_path: Path):
     with pytest.raises(ImageBuildError, match="built-in: python, swe"):
         builder.render("nope")

@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
@@ -89,6 +90,13 @@ def add_build_image(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--cache-dir", type=Path, default=IMAGE_CACHE_DIR)
     build.add_argument("--base", type=Path, help="local base image, a .sif or a root directory (default: debootstrap)")
     build.add_argument("--lockfile", type=Path, help="pip requirements to install; the key of --cache-mode lock")
+    build.add_argument(
+        "--pip-cert",
+        type=Path,
+        default=os.environ.get("PIP_CERT"),
+        help="CA bundle the --lockfile install verifies HTTPS with, e.g. behind an intercepting proxy (not kept in "
+        "the image; default: $PIP_CERT)",
+    )
     build.add_argument("--package", action="append", default=[], metavar="DEB", help="extra Debian package")
     build.add_argument("--no-ipython", action="store_true", help="leave out ipykernel and jupyter_client")
     build.add_argument("--suite", default=DEFAULTS["suite"], help="Debian suite (debootstrap only)")
@@ -107,7 +115,9 @@ def build_image(args: argparse.Namespace) -> None:
             inputs = builder.explain(args.template, args.cache_mode, args.base, args.lockfile, **variables)
             print(json.dumps({"key": builder.key(inputs), "inputs": inputs}, indent=2))
             return
-        image = builder.build(args.template, args.cache_mode, args.base, args.lockfile, args.out, **variables)
+        image = builder.build(
+            args.template, args.cache_mode, args.base, args.lockfile, args.out, args.pip_cert, **variables
+        )
     except ImageBuildError as exc:
         sys.exit(f"prorl-server build-image: {exc}")
     how = "reused" if image.cached else "built"

@@ -1,2 +1,3 @@
-"""prorl-server's first-party handlers: `math`, `swe`, `code`, `short_answer` and `judged_answer` (see each
+"""prorl-server's first-party handlers: `math`, `swe`, `code`, `short_answer`, `judged_answer`
+and `external_agent` (see each
 subpackage's docstring)."""

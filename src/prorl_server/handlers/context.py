@@ -11,12 +11,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
+from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
 from prorl_server.protocol import Trajectory
 from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
+from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:  # the gateway's sessions import the agent loop, which imports this module
@@ -32,7 +35,8 @@ LATE_RELEASE_WAIT_S = 30.0  # a worker thread waits this long for a cleanup it r
 @dataclass(frozen=True)
 class GatewayAccess:
     """How an OpenAI-client agent reaches its job's gateway session: give it `base_url` and `api_key` (as
-    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`."""
+    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`; for an agent in a sandbox without
+    network, pass it to `start_sandbox(spec, gateway=...)` instead."""
 
     session_id: str
     base_url: str
@@ -95,19 +99,26 @@ class JobContext:
             )
         return self._judge
 
-    async def start_sandbox(self, spec: SandboxSpec | None = None) -> Sandbox:
+    async def start_sandbox(self, spec: SandboxSpec | None = None, *, gateway: GatewayAccess | None = None) -> Sandbox:
         """Start a sandbox for this job (the server's default spec unless given).
 
         It is closed on release: right after RUN for one started in INIT or RUN, when the job ends for
         one started in EVAL (so EVAL can test in a fresh sandbox the agent never touched). The first
         sandbox started becomes `ctx.sandbox` until it is closed. Once the job has ended it raises
         JobFinished; a sandbox whose start completes after the job ended is closed at once (JobFinished).
+
+        With `gateway` (from `gateway_session()`), every process of the sandbox has `OPENAI_BASE_URL`,
+        `OPENAI_API_KEY` (a placeholder; the host adds the session's key) and `OPENAI_MODEL` set, and
+        reaches that session, and nothing else of the host, through a socket bound in (docs/gateway.md,
+        "From inside a sandbox"); the spec's network must be `none`.
         """
         if self._sandboxes is None:
             raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")
         if self._finished:
             raise JobFinished(f"job {self.job_id} has already ended; it cannot start a sandbox")
         manager = self._sandboxes
+        if gateway is not None:
+            spec = await self._with_gateway(spec or manager.default_spec, gateway)
         sandbox = await manager.start(spec)
 
         def close() -> Awaitable[None]:
@@ -118,7 +129,24 @@ class JobContext:
             raise JobFinished(f"job {self.job_id} ended while its sandbox was starting; the sandbox was closed")
         if self.sandbox is None:
             self.sandbox = sandbox
+        if gateway is not None:
+            await start_relay(sandbox)
         return sandbox
+
+    async def _with_gateway(self, spec: SandboxSpec, gateway: GatewayAccess) -> SandboxSpec:
+        """`spec` with a bridge to `gateway`'s session bound in; the bridge is closed on release."""
+        if self._gateway is None or self._sandboxes is None:
+            raise RuntimeError("this server has no gateway (JobContext built without one)")
+        check_spec(spec)  # before the bridge is opened
+        manager = self._sandboxes
+        ensure_private_dir(manager.base_dir)
+        parent = manager.base_dir / manager.owner
+        limit = self._gateway.limits.max_body_bytes
+        bridge = await SessionBridge.open(gateway.base_url, gateway.api_key, limit, parent)
+        if not self._keep(bridge.close):
+            await bridge.close()
+            raise JobFinished(f"job {self.job_id} ended while its sandbox was starting")
+        return sandbox_spec(spec, bridge, gateway.model)
 
     async def gateway_session(
         self, *, harness_params: tuple[str, ...] = ("max_tokens",), model: str | None = None

@@ -9,7 +9,9 @@ A build renders a template (`python`, `swe`, or a path to a `.def.j2` file), sta
 - `lock`: reuse while the template, its variables and the dependency lockfile (pip requirements, installed
   into the image) are unchanged.
 
-`ImageBuilder.explain()` returns the inputs that make up the key. A local base (a .sif or a root directory,
+`ImageBuilder.explain()` returns the inputs that make up the key. Behind an intercepting HTTPS proxy, `pip_cert`
+(`--pip-cert`, default `$PIP_CERT`) gives the lockfile's pip install a CA bundle, staged with the build
+context (an apptainer run through a wrapper may not see the host's path) and removed from the image after. A local base (a .sif or a root directory,
 e.g. made with debootstrap) is first copied into a .sif without device nodes, once per base content:
 --fakeroot builds cannot create device nodes, and apptainer provides /dev at run time anyway.
 """
@@ -205,9 +207,13 @@ class ImageBuilder:
         base: Path | None = None,
         lockfile: Path | None = None,
         out: Path | None = None,
+        pip_cert: Path | None = None,
         **variables: Any,
     ) -> BuiltImage:
-        """Build (or reuse) the image of `template`; with `out`, also place it there (hard link or copy)."""
+        """Build (or reuse) the image of `template`; with `out`, also place it there (hard link or copy).
+
+        `pip_cert`: a CA bundle the lockfile's `pip install` verifies HTTPS with (a network whose HTTPS goes
+        through an intercepting proxy); used by that step only, not left in the image, not in the cache key."""
         started = time.perf_counter()
         if self.binary is None:
             raise ImageBuildError(NOT_FOUND)
@@ -218,7 +224,7 @@ class ImageBuilder:
         with _locked(target.with_suffix(".lock")):
             cached = key is not None and target.is_file()
             if not cached:
-                self._build(template, target, base, lockfile, variables)
+                self._build(template, target, base, lockfile, pip_cert, variables)
                 target.with_suffix(".json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
         if out is not None:
             _place(target, out)
@@ -244,7 +250,13 @@ class ImageBuilder:
         return target
 
     def _build(
-        self, template: str, target: Path, base: Path | None, lockfile: Path | None, variables: dict[str, Any]
+        self,
+        template: str,
+        target: Path,
+        base: Path | None,
+        lockfile: Path | None,
+        pip_cert: Path | None,
+        variables: dict[str, Any],
     ) -> None:
         """Render into a fresh build directory and run apptainer build; the result replaces `target` atomically."""
         work = self.cache_dir / "tmp" / uuid.uuid4().hex
@@ -252,12 +264,15 @@ class ImageBuilder:
         try:
             if lockfile is not None:
                 shutil.copyfile(lockfile, context / "requirements.lock")
+            if pip_cert is not None:  # staged, since apptainer may not see the host's path (a wrapper's root)
+                shutil.copyfile(pip_cert, context / "pip-cert.pem")
             definition = self.render(
                 template,
                 **variables,
                 base=str(self.clean_base(base)) if base else None,
                 context=str(context),
                 lockfile=lockfile is not None,
+                pip_cert=pip_cert is not None,
             )
             (work / "image.def").write_text(definition)
             partial = work / "image.sif"

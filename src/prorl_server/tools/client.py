@@ -181,6 +181,11 @@ class ToolClient:
         except ValueError as exc:  # binascii.Error, or a non-ASCII character
             raise ProtocolError(f"download of {path} from {self.socket_path}: not base64 ({exc})") from None
 
+    async def gateway_relay(self, socket_path: str, port: int) -> int:
+        """Have the server relay `127.0.0.1:port` inside the sandbox to the Unix socket `socket_path` (0: any
+        free port); returns the port."""
+        return (await self.request("gateway_relay", socket=socket_path, port=port)).port
+
     async def shutdown(self) -> None:
         """Ask the server to stop (it kills its shell and kernel); a server already gone (or a client already
         closed) is fine."""

@@ -38,6 +38,9 @@ Actions and their arguments:
   `content` -> `{"bytes": int}`
 - `upload`: `path`, `data_b64`, `mode`? (int, e.g. 0o755) -> `{"bytes": int}`; `download`: `path` ->
   `{"data_b64": str}`
+- `gateway_relay`: `socket` (a Unix socket's path), `port` (0: any free one) -> `{"port": int}`: from now on
+  connections to `127.0.0.1:port` are relayed byte for byte to `socket` (relay.py; the host's gateway bridge,
+  bound into the sandbox). Once per server (a second call is a BadRequest).
 - `shutdown` -> `{}` then the server exits (killing its shell and kernel with their children)
 
 Paths of edit and file actions are absolute or relative to the server's `--workdir` (not the shell's

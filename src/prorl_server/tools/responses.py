@@ -95,6 +95,12 @@ class DownloadResponse(ActionResponse):
     data_b64: str
 
 
+class RelayResponse(ActionResponse):
+    """`gateway_relay`: the port the relay listens on inside the sandbox."""
+
+    port: int = Field(ge=1, le=65535)
+
+
 def _either(success: type[ActionResponse]) -> TypeAdapter[Any]:
     return TypeAdapter(Annotated[success | FailureResponse, Field(discriminator="ok")])
 
@@ -109,6 +115,7 @@ RESPONSES: dict[str, TypeAdapter[Any]] = {
     "write_file": _either(WrittenResponse),
     "upload": _either(WrittenResponse),
     "download": _either(DownloadResponse),
+    "gateway_relay": _either(RelayResponse),
 }
 FAILURE_ONLY: TypeAdapter[FailureResponse] = TypeAdapter(FailureResponse)  # an unknown action cannot succeed
 _LARGE = frozenset({"read_file", "download"})  # a file's content: one line of the protocol at most

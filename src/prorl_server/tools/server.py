@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from prorl_server.tools.editor import Editor
     from prorl_server.tools.files import Files
     from prorl_server.tools.ipython_kernel import IPythonSession
+    from prorl_server.tools.relay import Relay
 
 
 REQUIRED = object()  # marks an argument without default in ARGUMENTS
@@ -54,6 +55,7 @@ ARGUMENTS: dict[str, dict[str, tuple[tuple[type, ...], object]]] = {
     "write_file": {"path": ((str,), REQUIRED), "content": ((str,), REQUIRED)},
     "upload": {"path": ((str,), REQUIRED), "data_b64": ((str,), REQUIRED), "mode": ((int,), None)},
     "download": {"path": ((str,), REQUIRED)},
+    "gateway_relay": {"socket": ((str,), REQUIRED), "port": ((int,), REQUIRED)},
 }
 # Failures the caller caused or can act on: reported without a server traceback.
 EXPECTED_ERRORS = ("BadRequest", "EditError", "FileTooLarge", "IPythonUnavailable")
@@ -100,6 +102,7 @@ class ToolServer:
         self._ipython: IPythonSession | None = None
         self._editor: Editor | None = None
         self._files: Files | None = None
+        self._relay: Relay | None = None
 
     def listen(self) -> None:
         """Serve the inherited listening socket, or bind and listen on a private name, then rename it into
@@ -129,6 +132,8 @@ class ToolServer:
         """Stop listening, kill the shell and the kernel with their children, remove private files."""
         if self.listener is not None:
             self.listener.close()
+        if self._relay is not None:
+            self._relay.close()
         if self.socket_path is not None and self._socket_inode:
             try:
                 if os.stat(self.socket_path).st_ino == self._socket_inode:  # not a newer server's socket
@@ -190,7 +195,21 @@ class ToolServer:
             return self.files.write_file(args["path"], args["content"])
         if action == "upload":
             return self.files.upload(args["path"], args["data_b64"], args["mode"])
+        if action == "gateway_relay":
+            return self.gateway_relay(args["socket"], args["port"])
         return self.files.download(args["path"])
+
+    def gateway_relay(self, target: str, port: int) -> dict[str, object]:
+        """Start relaying `127.0.0.1:port` to the Unix socket `target` (relay.py); once per server."""
+        with self._setup_lock:
+            if self._relay is not None:
+                raise BadRequest(f"the gateway relay already listens on port {self._relay.port}")
+            if not 0 <= port <= 65535:
+                raise BadRequest(f"port {port} is not a TCP port")
+            from prorl_server.tools.relay import Relay
+
+            self._relay = Relay(target, port)
+            return {"port": self._relay.port}
 
     @property
     def state_dir(self) -> str:

@@ -1,0 +1,90 @@
+"""An example agent for `external_agent`: a small ReAct loop over bash, written with the official `openai`
+package and nothing of prorl-server, as any harness would be.
+
+    OPENAI_BASE_URL=... OPENAI_API_KEY=... OPENAI_MODEL=... python3 react_agent.py "the task" [--max-steps N]
+
+Each step asks the model for the next action; a `bash` tool call is run (in the current directory, with a
+timeout and its output cut to a few thousand characters) and its result sent back as the tool message; a reply
+without tool calls is the final answer, printed on stdout. The conversation only ever grows, so the gateway
+records it as one segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+
+from openai import OpenAI
+
+SYSTEM = (
+    "You are an agent in a Linux sandbox. Use the bash tool to inspect and change files and to run commands. "
+    "When the task is done, answer with a short final message and no tool call."
+)
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a bash command in the working directory; returns its exit code and output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The command to run."}},
+            "required": ["command"],
+        },
+    },
+}
+COMMAND_TIMEOUT_S = 60
+MAX_OBSERVATION_CHARS = 4000
+
+
+def run_bash(command: str) -> str:
+    """The command's exit code and (cut) output, as the tool's result."""
+    try:
+        done = subprocess.run(
+            ["bash", "-c", command], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, errors="replace"
+        )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {COMMAND_TIMEOUT_S} s"
+    output = (done.stdout + done.stderr)[-MAX_OBSERVATION_CHARS:]
+    return f"exit code {done.returncode}\n{output}"
+
+
+def call_tool(name: str, arguments: str) -> str:
+    """Run one tool call; a call the agent cannot run is answered with why, for the model to read."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        return "error: the arguments are not JSON"
+    if name != "bash" or not isinstance(args.get("command"), str):
+        return "error: the only tool is bash, with a string argument 'command'"
+    return run_bash(args["command"])
+
+
+def solve(task: str, max_steps: int) -> str:
+    """Run the loop until a final answer or `max_steps` model calls; returns the final answer."""
+    client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    model = os.environ.get("OPENAI_MODEL", "policy")
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    for _ in range(max_steps):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content or ""
+        for call in message.tool_calls:
+            result = call_tool(call.function.name, call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("task")
+    parser.add_argument("--max-steps", type=int, default=20)
+    args = parser.parse_args()
+    print(solve(args.task, args.max_steps))
+
+
+if __name__ == "__main__":
+    main()

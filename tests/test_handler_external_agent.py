@@ -1,0 +1,92 @@
+"""`external_agent` end to end under bubblewrap: the shipped example agent (the official `openai` package, a
+ReAct loop over bash) runs in a sandbox without network against its job's gateway session on the scripted
+double, which drives one tool call and then a final answer; EVAL scores in a fresh sandbox."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from polling import wait_for
+from prorl_handlers.external_agent import ExternalAgentHandler, example_instance
+from server_jobs import result, submit
+
+from prorl_server.sandbox.registry import unavailable_reason
+from prorl_server.testing import ScriptedReply
+
+BWRAP = unavailable_reason("bwrap")
+pytestmark = pytest.mark.skipif(BWRAP is not None, reason=f"bwrap: {BWRAP}")
+
+WRITE = {"name": "bash", "arguments": {"command": "echo 42 > answer.txt && cat answer.txt"}}
+CALL = f"I will write it.<tool_call>\n{json.dumps(WRITE)}\n</tool_call>"
+FINAL = "Done: answer.txt holds 42."
+
+
+@pytest.fixture
+def strict(start_backend):
+    return start_backend(default_reply=None)
+
+
+@pytest.fixture
+def server(start_server, strict):
+    server = start_server([strict.address], handlers={"external_agent": ExternalAgentHandler()}, runtime="bwrap")
+    server.state.gateway.public_url = server.url  # the test server binds a free port
+    return server
+
+
+def test_the_example_agent_calls_bash_then_answers_and_the_fresh_sandbox_scores_its_file(strict, server):
+    strict.double.push(CALL, FINAL, job="j1")
+    instance = example_instance(
+        "Write 42 to answer.txt.", score={"command": 'test "$(cat answer.txt)" = 42'}, collect=["answer.txt"]
+    )
+    submit(server, "j1", instance=instance)
+    res = result(server, "j1", timeout=120)
+    assert res["status"] == "completed" and res["reward"] == 1.0, (res["error"], res["artifacts"])
+    artifacts = res["artifacts"]
+    assert artifacts["agent"]["exit_code"] == 0 and artifacts["agent"]["output"].strip() == FINAL
+    assert artifacts["files"] == {"answer.txt": "42\n"}
+    [recording] = artifacts["gateway"]
+    assert (recording["calls"], recording["rewrites"], recording["failed_calls"]) == (2, 0, 0)
+    [segment] = recording["segments"]  # the SDK sent back the call and its result: one segment, token-exact
+    assert [t["text"] for t in segment["turns"]] == [CALL, FINAL]
+    sampled = [t["output_ids"] for t in segment["turns"]]
+    model_ids = [i for i, m in zip(segment["response_ids"], segment["response_mask"], strict=True) if m]
+    assert model_ids == sampled[0] + sampled[1]
+    tool_result = segment["messages"][3]
+    assert tool_result["role"] == "tool" and tool_result["content"] == "exit code 0\n42\n"
+    assert [r.job_id for r in strict.double.requests] == ["j1", "j1"]
+
+
+@pytest.mark.parametrize(
+    ("score", "reward", "error"),
+    [
+        ({"command": "echo chatter >&2; echo 0.25", "reward": "stdout"}, 0.25, None),
+        ({"command": "echo not a number", "reward": "stdout"}, 0.0, "no number"),
+        ({"command": "test -e answer.txt"}, 0.0, None),  # the agent wrote nothing: nothing collected
+    ],
+)
+def test_the_score_command_gives_the_reward_by_its_stdout_or_exit_code(strict, server, score, reward, error):
+    instance = {"data_source": "external_agent", "command": "true", "collect": ["answer.txt"], "score": score}
+    submit(server, "j2", instance=instance)
+    res = result(server, "j2", timeout=120)
+    assert res["status"] == "completed" and res["reward"] == reward, (res["error"], res["artifacts"])
+    assert res["artifacts"]["missing_files"] == ["answer.txt"]
+    assert (error in res["eval"].get("score_error", "")) if error else "score_error" not in res["eval"]
+
+
+def test_a_malformed_instance_is_refused_at_submission(server):
+    answer = server.http.post("/jobs", json={"job_id": "j3", "instance": {"data_source": "external_agent"}})
+    assert answer.status_code == 400 and "command" in answer.text
+
+
+def test_cancelling_the_job_aborts_the_agent_s_completion_and_closes_its_bridge(strict, server):
+    strict.double.push(ScriptedReply(text=FINAL, delay_s=120), job="j4")
+    submit(server, "j4", instance=example_instance("Wait.", score={"command": "true"}))
+    wait_for(lambda: len(strict.double.requests) == 1, 60, "the agent's completion reaches the backend")
+    assert server.http.delete("/jobs/j4").status_code == 200
+    assert result(server, "j4", timeout=60)["status"] == "cancelled"
+    wait_for(lambda: strict.double.requests[0].outcome == "aborted", 30, "the completion is aborted")
+    wait_for(lambda: len(server.state.gateway) == 0, 30, "the session is closed")
+    manager = server.state.orchestrator.sandboxes
+    owner_dir = manager.base_dir / manager.owner
+    wait_for(lambda: not list(owner_dir.glob("gw-*")), 30, "the bridge's directory is removed")
