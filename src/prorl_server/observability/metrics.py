@@ -101,7 +101,10 @@ class ServerMetrics:
             registry=r,
         )
         self.llm_failures = Counter(
-            "prorl_llm_request_failures", "Requests (completions and tokenizations) that failed at a backend.", ["backend"], registry=r
+            "prorl_llm_request_failures",
+            "Requests (completions and tokenizations) that failed at a backend.",
+            ["backend"],
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "prorl_llm_prompt_tokens", "Prompt tokens sent in answered completion requests.", ["backend"], registry=r
