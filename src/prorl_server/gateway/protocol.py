@@ -245,7 +245,8 @@ class OpenSessionRequest(BaseModel):
 
     sampling_params: TaskJson = Field(
         default_factory=dict,
-        description="Sampling params of every completion (vLLM's names); they win over the harness's.",
+        description="Sampling params of every completion (vLLM's names); they win over the harness's, except "
+        "for the fields in `harness_params`.",
     )
     harness_params: list[HarnessParam] = Field(
         default_factory=lambda: ["max_tokens"],
