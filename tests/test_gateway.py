@@ -373,6 +373,7 @@ def test_a_handler_opens_a_session_for_its_job_and_gets_its_recording(strict, st
     assert res["status"] == "completed" and res["reward"] == 1.0, res["error"]
     [recording] = res["artifacts"]["gateway"]
     assert [t["text"] for t in recording["segments"][0]["turns"]] == ["42"]
+    assert res["trajectory"]["response_ids"] == recording["segments"][0]["response_ids"]  # adopted as the job's
     assert [r.job_id for r in strict.double.requests] == ["j1"]  # on the job's own pin
     assert len(server.state.gateway) == 0  # closed with the job's RUN
 

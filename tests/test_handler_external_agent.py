@@ -52,6 +52,7 @@ def test_the_example_agent_calls_bash_then_answers_and_the_fresh_sandbox_scores_
     sampled = [t["output_ids"] for t in segment["turns"]]
     model_ids = [i for i, m in zip(segment["response_ids"], segment["response_mask"], strict=True) if m]
     assert model_ids == sampled[0] + sampled[1]
+    assert {k: res["trajectory"][k] for k in segment} == segment  # one segment: the job's trajectory too
     tool_result = segment["messages"][3]
     assert tool_result["role"] == "tool" and tool_result["content"] == "exit code 0\n42\n"
     assert [r.job_id for r in strict.double.requests] == ["j1", "j1"]

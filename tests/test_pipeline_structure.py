@@ -280,6 +280,19 @@ def test_token_stream_refuses_a_sampled_turn_whose_logprobs_do_not_match_its_ids
     assert stream.snapshot().response_ids == [] and not stream.started
 
 
+def test_token_stream_adopts_a_recorded_trajectory_only_while_empty_and_in_step():
+    recorded = Trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5], response_mask=[1, 1, 0])
+    with pytest.raises(ValueError, match="same length"):
+        TokenStream(Trajectory()).adopt(recorded)  # no logprobs: out of step
+    recorded.response_logprobs = [-0.5, -0.25, 0.0]
+    stream = TokenStream(Trajectory())
+    assert stream.adopt(recorded) and stream.counts() == (2, 0, 2, 1)
+    assert stream.snapshot().response_ids == [3, 4, 5]
+    written = TokenStream(Trajectory())
+    written.append_observation([9])
+    assert not written.adopt(recorded) and written.snapshot().response_ids == [9]  # its own writes stay
+
+
 def test_a_snapshot_is_a_copy():
     trajectory = Trajectory()
     stream = TokenStream(trajectory)

@@ -156,7 +156,8 @@ class JobContext:
 
         The session is closed on release (right after RUN, or when the job ends), which aborts a completion
         in flight; its recording (`SessionResult`: the segments, rewrites and counts) is then appended to
-        `ctx.artifacts["gateway"]`. Raises JobFinished once the job has ended.
+        `ctx.artifacts["gateway"]`, and a recording of one segment is also the job's `trajectory` when `ctx.llm`
+        wrote nothing. Raises JobFinished once the job has ended.
         """
         registry = self._gateway
         if registry is None:
@@ -175,6 +176,8 @@ class JobContext:
             result = await registry.close(session.id)
             if result is not None:
                 self.artifacts.setdefault("gateway", []).append(result.model_dump(mode="json"))
+                if len(result.segments) == 1:  # one conversation, token-exact: the job's trajectory
+                    self.llm.tokens.adopt(result.segments[0])
 
         if not self._keep(close):
             await close()

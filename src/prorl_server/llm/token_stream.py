@@ -65,6 +65,25 @@ class TokenStream:
             traj.response_logprobs.extend([0.0] * len(ids))
             traj.messages.extend(messages)
 
+    def adopt(self, recorded: Trajectory) -> bool:
+        """Take `recorded` (a trajectory written elsewhere: the job's gateway session) as this stream's, if
+        nothing has been written here yet; True when it was taken. Its lists must be in step."""
+        n = len(recorded.response_ids)
+        if len(recorded.response_mask) != n or len(recorded.response_logprobs) != n:
+            raise ValueError("a recorded trajectory's ids, mask and logprobs must have the same length")
+        with self._lock:
+            traj = self.trajectory
+            if traj.prompt_ids or traj.response_ids or traj.turns:
+                return False
+            traj.prompt_ids = list(recorded.prompt_ids)
+            traj.response_ids = list(recorded.response_ids)
+            traj.response_mask = list(recorded.response_mask)
+            traj.response_logprobs = list(recorded.response_logprobs)
+            traj.turns = list(recorded.turns)
+            traj.messages = list(recorded.messages)
+            self._model_tokens = sum(traj.response_mask)
+            return True
+
     def counts(self) -> tuple[int, int, int, int]:
         """(prompt tokens, turns, model tokens, observation tokens) so far, without copying anything."""
         with self._lock:

@@ -19,7 +19,8 @@ An instance names the command (the agent), the files to put in its sandbox, a ti
   and runs `score.command`: with `reward: "exit_code"` the reward is 1.0 when it exits 0, else 0.0; with
   `"stdout"` it is the number on the last line of its standard output (0.0 if there is none, or it failed).
 - The session's recording, token-exact, is `artifacts["gateway"]`: one entry with `segments` (each with
-  `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and its turns), `rewrites`, `calls`.
+  `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and its turns), `rewrites`, `calls`;
+  a recording of one segment is also the result's `trajectory`.
 
 The sandbox is the server's default (`--image`); the command runs with that image's programs. `react_agent.py`
 here is an example agent (a ReAct loop over bash with the official `openai` package); `example_instance()`
