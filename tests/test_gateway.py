@@ -378,14 +378,17 @@ def test_a_handler_opens_a_session_for_its_job_and_gets_its_recording(strict, st
     assert len(server.state.gateway) == 0  # closed with the job's RUN
 
 
-def test_a_handler_session_is_closed_when_the_job_is_cancelled(strict, start_server):
+@pytest.mark.parametrize("end", ["cancelled", "timeout"])
+def test_a_handler_session_is_closed_when_the_job_is_cancelled_or_times_out(strict, start_server, end):
     server = start_server([strict.address], handlers={"gateway_agent": GatewayAgentHandler()})
     server.state.gateway.public_url = server.url
     strict.double.push(ScriptedReply(text="42", delay_s=120), job="j2")
-    submit(server, "j2", instance={"data_source": "gateway_agent", "question": "?"})
+    extra = {"timeout": 3.0} if end == "timeout" else {}
+    submit(server, "j2", instance={"data_source": "gateway_agent", "question": "?"}, **extra)
     wait_for(lambda: len(strict.double.requests) == 1, 30, "the agent's completion reaches the backend")
-    assert server.http.delete("/jobs/j2").status_code == 200
-    assert result(server, "j2")["status"] == "cancelled"
+    if end == "cancelled":
+        assert server.http.delete("/jobs/j2").status_code == 200
+    assert result(server, "j2", timeout=60)["status"] == end
     wait_for(lambda: strict.double.requests[0].outcome == "aborted", 30, "the completion is aborted")
     wait_for(lambda: len(server.state.gateway) == 0, 30, "the session is closed")
 
