@@ -64,6 +64,13 @@ def backend(start_backend) -> Backend:
     return start_backend()
 
 
+@pytest.fixture
+def strict(start_backend) -> Backend:
+    """A scripted backend without a default reply: every completion must be scripted (an unscripted one is
+    an error)."""
+    return start_backend(default_reply=None)
+
+
 class Server:
     """A running prorl-server with a sync HTTP client."""
 

@@ -34,12 +34,6 @@ CALL_TEXT = 'Let me look.<tool_call>\n{"name": "bash", "arguments": {"command": 
 
 
 @pytest.fixture
-def strict(start_backend):
-    """A scripted backend without a default reply: every completion must be scripted."""
-    return start_backend(default_reply=None)
-
-
-@pytest.fixture
 def server(start_server, strict):
     return start_server([strict.address])
 

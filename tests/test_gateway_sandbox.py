@@ -63,11 +63,6 @@ print(json.dumps(out))
 
 
 @pytest.fixture
-def strict(start_backend):
-    return start_backend(default_reply=None)
-
-
-@pytest.fixture
 def server(start_server, strict):
     server = start_server([strict.address], gateway_max_body_bytes=BODY_LIMIT)
     server.state.gateway.public_url = server.url  # the test server binds a free port

@@ -23,11 +23,6 @@ FINAL = "Done: answer.txt holds 42."
 
 
 @pytest.fixture
-def strict(start_backend):
-    return start_backend(default_reply=None)
-
-
-@pytest.fixture
 def server(start_server, strict):
     server = start_server([strict.address], handlers={"external_agent": ExternalAgentHandler()}, runtime="bwrap")
     server.state.gateway.public_url = server.url  # the test server binds a free port

@@ -203,15 +203,20 @@ def test_compaction_deletes_expired_results_and_shrinks_the_file_while_the_serve
     wait_for(lambda: journal_bytes(journal) < 200_000, 20, "the journal file shrunk")
 
 
-def test_a_second_server_on_the_same_journal_refuses_to_start(tmp_path, start_server):
-    journal = tmp_path / "journal.sqlite3"
-    start_server(journal=str(journal))
-    done = subprocess.run(
+def serve_once(journal: Path) -> subprocess.CompletedProcess[str]:
+    """`prorl-server serve --journal JOURNAL` in a child process, expected to refuse to start."""
+    return subprocess.run(
         [serve_executable(), "serve", "--port", str(free_port()), "--no-entry-points", "--journal", str(journal)],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_a_second_server_on_the_same_journal_refuses_to_start(tmp_path, start_server):
+    journal = tmp_path / "journal.sqlite3"
+    start_server(journal=str(journal))
+    done = serve_once(journal)
     assert done.returncode == 1
     assert f"the journal {journal} is in use by another prorl-server (pid {os.getpid()}" in done.stderr
     assert "Traceback" not in done.stderr
@@ -231,12 +236,7 @@ def test_a_corrupt_or_foreign_journal_is_a_clear_start_up_error(tmp_path, conten
             db.execute("CREATE TABLE other (x)")
     else:
         journal.write_bytes(content)
-    done = subprocess.run(
-        [serve_executable(), "serve", "--port", str(free_port()), "--no-entry-points", "--journal", str(journal)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = serve_once(journal)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("prorl-server: ") and says in done.stderr
     assert "Traceback" not in done.stderr

@@ -21,12 +21,6 @@ def circuit(server) -> dict:
 
 
 @pytest.fixture
-def strict(start_backend):
-    """A scripted backend without a default reply: an unscripted completion is an error."""
-    return start_backend(default_reply=None)
-
-
-@pytest.fixture
 def strict_server(start_server, strict):
     return start_server([strict.address])
 
