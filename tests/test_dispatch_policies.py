@@ -11,6 +11,7 @@ import asyncio
 import threading
 
 import pytest
+import server_jobs
 from handlers_for_tests import GatedHandler
 from polling import wait_for
 from pydantic import ValidationError
@@ -40,14 +41,7 @@ def submit(server, job_id: str, question: str = "q", turns: int = 1, **extra) ->
 
 
 def result(server, job_id: str) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        found["r"] = server.http.get(f"/jobs/{job_id}").json()["result"]
-        return found["r"] is not None
-
-    wait_for(done, 30, f"job {job_id} finished")
-    return found["r"]
+    return server_jobs.result(server, job_id, timeout=30)
 
 
 def scheduling(server) -> dict:

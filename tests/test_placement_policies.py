@@ -13,6 +13,7 @@ import itertools
 import threading
 
 import pytest
+import server_jobs
 from handlers_for_tests import GatedHandler
 from polling import wait_for
 from pydantic import ValidationError
@@ -48,15 +49,9 @@ def submit(server, job_id: str, question: str = "q", turns: int = 1) -> None:
 
 
 def result(server, job_id: str) -> dict:
-    found: dict = {}
-
-    def done() -> bool:
-        found["r"] = server.http.get(f"/jobs/{job_id}").json()["result"]
-        return found["r"] is not None
-
-    wait_for(done, 30, f"job {job_id} finished")
-    assert found["r"]["status"] == "completed", found["r"]
-    return found["r"]
+    found = server_jobs.result(server, job_id, timeout=30)
+    assert found["status"] == "completed", found
+    return found
 
 
 def backend_of(backends, job_id: str, call: int = 0):
