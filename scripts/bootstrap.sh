@@ -25,4 +25,12 @@ case ",$extras," in
     fi
     ;;
 esac
+case ",$extras," in
+  *,train,*|*,test,*)
+    # the trainer's torch first, pinned to the release vLLM's CPU build uses (its CPU wheel where the machine
+    # has one), so the extra's `torch>=2.4` does not pull a newer, larger build
+    echo "    (the trainer's side: torch 2.13.0, transformers and TRL)"
+    "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+    ;;
+esac
 "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$target" -e "$root/handlers"

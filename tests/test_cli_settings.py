@@ -197,7 +197,7 @@ def test_the_api_key_comes_from_the_environment_unless_given(monkeypatch):
 
 def test_a_field_left_out_of_the_help_sections_is_caught(monkeypatch):
     groups = dict(settings_cli.GROUPS)
-    groups["staleness"] = ("max_staleness",)
+    groups["weight updates"] = ("max_staleness",)
     monkeypatch.setattr(settings_cli, "GROUPS", groups)
     with pytest.raises(RuntimeError, match="GROUPS"):
         build_parser()

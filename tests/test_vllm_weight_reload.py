@@ -9,23 +9,13 @@ fails instead.
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
 import httpx
-import pytest
 
 from prorl_server.testing.scripted_backend import MODEL_ROOT
-from prorl_server.testing.uvicorn_thread import free_port
 
-REQUIRE_VLLM_ENV = "PRORL_REQUIRE_VLLM"
+pytest_plugins = ("vllm_reload_fixtures",)
 MULTITURN = {"data_source": "multiturn", "question": "What is the capital of France?"}
 SHORT_TURN = {"max_tokens": 8, "temperature": 0.0, "max_turns": 1}
-_METRIC_LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
 def paused_server(start_server, addresses: list[str], version=1):
@@ -147,48 +137,6 @@ def test_swap_with_a_failed_reload_stays_paused(start_server, backend):
 
 
 # the real vLLM ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReloadableVllm:
-    url: str  # http://host:port
-    model_dir: str
-
-    @property
-    def address(self) -> str:
-        return f"{self.url}/v1"
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=10, trust_env=False).raise_for_status().text
-        totals: dict[str, float] = {}
-        for name, value in _METRIC_LINE.findall(text):
-            totals[name] = totals.get(name, 0.0) + float(value)
-        return totals
-
-    def complete(self, prompt: str) -> str:
-        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0.0}
-        answer = httpx.post(f"{self.url}/v1/completions", json=body, timeout=120, trust_env=False)
-        assert answer.status_code == 200, answer.text
-        return answer.json()["choices"][0]["text"]
-
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[ReloadableVllm]:
-    """The real vLLM with its development endpoints (VLLM_SERVER_DEV_MODE=1), for this module; stopped by PID."""
-    from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, VllmProcess, unsupported_reason
-
-    install = VllmCpuInstall.default()
-    problem = unsupported_reason() or install.missing()
-    if problem:
-        if os.environ.get(REQUIRE_VLLM_ENV) == "1":
-            pytest.fail(f"{REQUIRE_VLLM_ENV}=1 but vLLM cannot start: {problem}")
-        pytest.skip(f"the real vLLM is not available here: {problem}")
-    settings = VllmCpuSettings(port=free_port(), max_num_seqs=4, weight_reload=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="prorl-test-vllm-reload-") as logs,
-        VllmProcess(install, settings, log=Path(logs) / "vllm.log") as process,
-    ):
-        yield ReloadableVllm(process.base_url, str(install.model))
 
 
 def run_job(server, job_id: str) -> dict:

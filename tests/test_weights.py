@@ -52,7 +52,15 @@ def test_pause_wait_finishes_in_flight_and_holds_next_turn(start_server, backend
     assert res["status"] == "completed", res
     assert [t["weight_version"] for t in res["trajectory"]["turns"]] == [1, 2]
     assert [r.params.get("cache_salt") for r in backend.double.requests] == ["run7:w1", "run7:w2"]
-    assert weights(server) == {"paused": False, "mode": None, "version": 2, "in_flight_calls": 0, "waiting_calls": 0}
+    assert weights(server) == {
+        "paused": False,
+        "mode": None,
+        "version": 2,
+        "in_flight_calls": 0,
+        "waiting_calls": 0,
+        "lease_left_s": None,
+        "lease_expired": 0,
+    }
 
 
 def test_cache_salt_only_with_a_version(server, backend):

@@ -196,6 +196,13 @@ class ServerSettings(BaseModel):
         "under the new weights (partial rollout). A job's own `stale_policy` wins.",
     )
     cancel_grace_s: float = Field(default=5.0, ge=0, description="Seconds a cancelled stage gets to unwind.")
+    weight_pause_lease_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 86400,
+        description="Seconds a weight-update pause lasts without an update or a resume before dispatching resumes "
+        "by itself (a pause's own lease_s wins): a trainer that dies mid-update never leaves the server paused.",
+    )
     autostart: bool = Field(default=True, description="Start the pools at launch (else wait for POST /start).")
     api_key: str | None = Field(
         default=None,

@@ -43,7 +43,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "llm_stall_timeout_s",
     ),
     "LLM judge": ("judge_servers", "judge_model", "judge_timeout_s", "judge_retry_budget_s"),
-    "staleness": ("max_staleness", "stale_policy"),
+    "weight updates": ("max_staleness", "stale_policy", "weight_pause_lease_s"),
     "scheduling": (
         "dispatch_policy",
         "predictor",

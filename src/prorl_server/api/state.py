@@ -17,6 +17,7 @@ from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
+from prorl_server.llm.pause_lease import PauseLease
 from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
 from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
@@ -84,9 +85,11 @@ class ServerState:
     signal: ResultSignal = field(default_factory=ResultSignal)
     journal: Journal | None = None
     metrics: ServerMetrics = field(init=False)  # GET /metrics and the dashboard's numbers
+    pause_lease: PauseLease = field(init=False)  # ends a weight-update pause nobody ended
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.orchestrator)
+        self.pause_lease = PauseLease(self.backends.gate, self.settings.weight_pause_lease_s)
 
     @classmethod
     def build(
@@ -149,6 +152,7 @@ class ServerState:
 
     async def close(self) -> None:
         """Close the gateway sessions, stop the pipeline (cancelling live jobs) and the health checks."""
+        self.pause_lease.end()
         await self.gateway.close_all()
         await self.backends.client.aclose_current_loop()  # the gateway's connections, on this loop
         await asyncio.to_thread(self.orchestrator.stop)

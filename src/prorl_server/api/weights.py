@@ -11,7 +11,6 @@ prefix cache (vLLM's development endpoints, `llm/vllm_admin.py`) before the vers
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
@@ -36,14 +35,13 @@ from prorl_server.protocol import (
 router = APIRouter(tags=["weights"])
 WEIGHTS_PATH = "weights_path"  # per-backend cache key: the checkpoint it last reloaded (loaded back on a failure)
 _SHOWN_FAILURES = 8  # failed backends a 502 names one by one
-_reload_locks: weakref.WeakKeyDictionary[BackendPool, asyncio.Lock] = weakref.WeakKeyDictionary()
 State = Annotated[ServerState, Depends(get_state)]
 
 
 @router.get("/weights", response_model=WeightsStatus)
 async def weights(state: State) -> Response:
     """Whether dispatching is paused (and how), the current weight version, calls in flight and waiting."""
-    return model_response(_status(state.backends))
+    return model_response(_status(state))
 
 
 @router.post("/weights/pause", response_model=PauseResponse, openapi_extra=openapi_body(PauseRequest))
@@ -53,12 +51,16 @@ async def pause(request: Request, state: State) -> Response:
     mode "wait" (default: `{}`) lets calls in flight finish; "abort" closes them now (the
     engine aborts them, their partial output is dropped) and they are sent again from the same prompt after
     the resume. Pausing a paused server is idempotent: it stays paused, waits for the calls still in flight
-    again, and an "abort" pause aborts them (the mode becomes "abort")."""
+    again, and an "abort" pause aborts them (the mode becomes "abort").
+
+    The pause is a lease: without an update or a resume within `lease_s` (default: `--weight-pause-lease`),
+    dispatching resumes by itself, so a trainer that dies mid-update never leaves the server paused."""
     body = await parse_body(request, PauseRequest)
     gate = state.backends.gate
     waited_for, aborted = gate.pause(body.mode)
+    state.pause_lease.arm(body.lease_s)
     drained = await gate.wait_idle(body.timeout_s)
-    status = _status(state.backends)
+    status = _status(state)
     return model_response(PauseResponse(**status.model_dump(), waited_for=waited_for, aborted=aborted, drained=drained))
 
 
@@ -76,8 +78,9 @@ async def update(request: Request, state: State) -> Response:
     pool = state.backends
     _check_paused(pool, "update the weight version")
     _check_version(pool, body.version)
+    state.pause_lease.renew()
     await _reload_and_apply(state, body, "update the weight version")
-    return model_response(UpdateResponse(**_status(pool).model_dump(), servers=[b.info() for b in pool.backends()]))
+    return model_response(UpdateResponse(**_status(state).model_dump(), servers=[b.info() for b in pool.backends()]))
 
 
 @router.post("/weights/resume", response_model=WeightsStatus)
@@ -85,7 +88,8 @@ async def resume(state: State) -> Response:
     """Dispatch LLM calls again (the held ones first); 409 when not paused."""
     if not state.backends.gate.resume():
         raise HTTPException(409, "LLM dispatching is not paused; nothing to resume")
-    return model_response(_status(state.backends))
+    state.pause_lease.end()
+    return model_response(_status(state))
 
 
 @router.post("/weights/swap", response_model=SwapResponse, openapi_extra=openapi_body(SwapRequest))
@@ -95,16 +99,21 @@ async def swap(request: Request, state: State) -> Response:
     The body is checked before pausing: a bad version is 409 and changes nothing. When calls are still in
     flight after `timeout_s`, or someone resumed meanwhile, it is 409 and the server stays as it was then
     (paused by this call unless it had been paused before: then a resume is up to the caller). When a
-    `reload` fails it is 502 and the server stays paused (update again, or resume)."""
+    `reload` fails it is 502 and the server stays paused (update again, or resume) until its lease runs out."""
     body = await parse_body(request, SwapRequest)
     pool = state.backends
     gate = pool.gate
     _check_version(pool, body.version)
     was_paused = gate.paused
     waited_for, aborted = gate.pause(body.mode)
+    if was_paused:
+        state.pause_lease.renew()
+    else:
+        state.pause_lease.arm()
     if not await gate.wait_idle(body.timeout_s):
         if not was_paused:
             gate.resume()
+            state.pause_lease.end()
         raise HTTPException(409, f"{gate.in_flight} LLM call(s) still in flight after {body.timeout_s:g}s")
     _check_paused(pool, "swap weights")
     try:
@@ -114,9 +123,10 @@ async def swap(request: Request, state: State) -> Response:
             exc.detail += "; LLM dispatching stays paused: POST /weights/update with the reload again, or resume"
         raise
     gate.resume()
+    state.pause_lease.end()
     return model_response(
         SwapResponse(
-            **_status(pool).model_dump(),
+            **_status(state).model_dump(),
             servers=[b.info() for b in pool.backends()],
             waited_for=waited_for,
             aborted=aborted,
@@ -127,7 +137,8 @@ async def swap(request: Request, state: State) -> Response:
 # helpers -------------------------------------------------------------------------------------------
 
 
-def _status(pool: BackendPool) -> WeightsStatus:
+def _status(state: ServerState) -> WeightsStatus:
+    pool, lease = state.backends, state.pause_lease
     gate = pool.gate
     return WeightsStatus(
         paused=gate.paused,
@@ -135,6 +146,8 @@ def _status(pool: BackendPool) -> WeightsStatus:
         version=pool.current_version,
         in_flight_calls=gate.in_flight,
         waiting_calls=gate.waiting,
+        lease_left_s=lease.left_s if gate.paused else None,
+        lease_expired=lease.expired,
     )
 
 
@@ -170,7 +183,7 @@ async def _reload_and_apply(state: ServerState, body: UpdateRequest, what: str) 
         _apply(state, body)
         return
     pool = state.backends
-    lock = _reload_locks.setdefault(pool, asyncio.Lock())
+    lock = state.pause_lease.updating
     if lock.locked():
         raise HTTPException(409, "another weight update is reloading the engines; wait for its answer")
     async with lock:

@@ -39,6 +39,14 @@ class PauseRequest(BaseModel):
         allow_inf_nan=False,
         description="Answer after this many seconds even if calls are still in flight (drained: false).",
     )
+    lease_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="The pause ends by itself after this many seconds without an update or a resume (default: the "
+        "server's --weight-pause-lease), so a trainer that dies mid-update never leaves the server paused.",
+    )
 
 
 class WeightReload(BaseModel):
@@ -104,6 +112,11 @@ class WeightsStatus(BaseModel):
     )
     in_flight_calls: int = Field(description="LLM calls dispatched and not finished.")
     waiting_calls: int = Field(description="LLM calls held back by the pause.")
+    lease_left_s: float | None = Field(
+        default=None,
+        description="Seconds until the pause ends by itself unless updated or resumed; null while dispatching.",
+    )
+    lease_expired: int = Field(default=0, description="Pauses that ended by their lease since the server started.")
 
 
 class PauseResponse(WeightsStatus):

@@ -6,8 +6,11 @@ told so and the model tries again. EVAL gives reward 1.0 when the expected answe
 as a whole word or number, ignoring case ("The sky is Blue." is right for ``blue``; "24" is not right for
 ``4``), else 0.0.
 
-The shipped set (`data/questions.jsonl`) mixes questions SmolLM2-135M-Instruct at temperature 1 answers
-right some of the time with ones it almost never gets, so groups of samples per question come out
+`learning_tasks(split)` is the task the learning demo trains on (`examples/train_grpo.py`): "Reply with
+just the word: W" over two disjoint word lists (`data/echo_words.json`: train and held out), which the
+untrained model at temperature 1 gets right about one time in seven on its first try. The shipped
+question set (`data/questions.jsonl`) mixes questions SmolLM2-135M-Instruct at temperature 1 answers right
+some of the time with ones it almost never gets, so groups of samples per question come out
 informative (reward variance > 0) for part of the set and zero-variance for the rest: something for
 DAPO-style dynamic sampling to filter.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +28,7 @@ from prorl_handlers.instances import parse_instance
 from prorl_server import AgentHandler, JobContext
 
 RETRY = "That is not right. Try once more: reply with just the answer."
+ECHO_QUESTION = "Reply with just the word: {word}"
 
 
 class ShortAnswerTask(BaseModel):
@@ -83,6 +87,22 @@ class ShortAnswerHandler(AgentHandler):
             "expected": ctx.state["expected"],
             "turns": len(ctx.trajectory.turns),
         }
+
+
+def learning_tasks(split: Literal["train", "held_out"]) -> list[dict[str, Any]]:
+    """The learning demo's instances: "Reply with just the word: W" for every word of the split
+    (`data/echo_words.json`; the two splits share no word)."""
+    text = resources.files(__package__).joinpath("data/echo_words.json").read_text(encoding="utf-8")
+    words = json.loads(text)[split]
+    return [
+        {
+            "data_source": "short_answer",
+            "id": f"echo-{split}-{word}",
+            "question": ECHO_QUESTION.format(word=word),
+            "answer": word,
+        }
+        for word in words
+    ]
 
 
 def load_questions() -> list[dict[str, Any]]:

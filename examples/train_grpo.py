@@ -1,0 +1,515 @@
+"""Watch a model learn through prorl-server on a laptop CPU: GRPO on SmolLM2-135M-Instruct with the real vLLM.
+
+    bash scripts/train.sh                       # sets up what it needs, then runs this with the defaults
+    .venv/bin/python examples/train_grpo.py --steps 30 --plot docs/learning_curve.png
+
+It starts the real vLLM (CPU build, `scripts/setup-vllm.sh`, with its weight-reload endpoints) and a
+prorl-server with the first-party handlers as child processes (stopped on exit, Ctrl-C or an error), loads
+the same float32 weights into torch on the trainer's side, and then, per step:
+
+1. **rollout**: `SyncDapoCollector` gathers B informative groups of G samples (reward variance > 0) of the
+   `short_answer` learning task: "Reply with just the word: W", exact match, two tries (a wrong first reply
+   is told so, so observation tokens sit between the model's turns and are masked out of the loss);
+2. **train**: group-relative advantages; the trainer recomputes the logprobs of the returned ids and takes
+   a policy-gradient step (`--loss clip` PPO-style or `--loss tis` truncated importance sampling, the
+   ratio against the rollout's own `response_logprobs`) with AdamW;
+3. **sync**: the new weights are saved (safetensors, in /dev/shm) and `POST /weights/swap` with `reload`
+   makes vLLM load them, so the next step's turns carry weight version step + 1 (bounded staleness:
+   `--max-staleness 1` on the server).
+
+Every `--eval-every` steps the held-out words (never trained on) are scored through prorl-server: greedy,
+and K samples at temperature 1 (their mean reward, and pass@K). It prints a progress bar per step and a
+table row (train and held-out reward, KL to the initial policy, the training-inference mismatch, the time
+split into rollout / train / sync), and with `--plot` draws the learning curve as a PNG. `--no-update` is
+the control: the same loop with the weight update switched off (vLLM keeps the initial weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prorl_server.client import SyncDapoCollector, SyncRolloutClient
+from prorl_server.launch import LocalStack, run_with_stack
+from prorl_server.protocol import GroupResult, JobResult
+
+TASK = "short_answer"
+PROBE = "The quick brown fox jumps over the lazy dog, and then it runs back home."
+SETUP_HINT = "bash scripts/train.sh (or: bash scripts/setup-vllm.sh && bash scripts/bootstrap.sh train)"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on (the benchmark runs two of these: trained and control)."""
+
+    steps: int = 30
+    groups: int = 4  # informative groups per step (B)
+    group_size: int = 8  # samples per group (G)
+    lr: float = 2e-6
+    loss: str = "clip"
+    max_tokens: int = 12
+    max_turns: int = 2
+    eval_every: int = 5
+    eval_samples: int = 4  # K: samples per held-out word at temperature 1 (mean reward and pass@K)
+    held_out_words: int | None = None  # score only the first N held-out words (default: all 24)
+    max_staleness: int = 1
+    seed: int = 0
+    update: bool = True  # False: the control run, vLLM keeps the initial weights
+    vllm_seqs: int = 8
+
+
+@dataclass
+class StepRow:
+    """One step's figures (the table row, the JSON record, a point of the curve)."""
+
+    step: int
+    version: int
+    train_reward: float
+    loss: float
+    kl: float
+    mismatch_mean: float
+    mismatch_max: float
+    mismatch_out: float
+    clip_fraction: float
+    tokens: int
+    masked_tokens: int
+    off_policy_rows: int  # trajectories with a turn sampled under an older version (carried-over groups)
+    sampled_versions: list[int]
+    probe_logprob: float  # the engine's summed logprob of PROBE after this step's sync
+    rollout_s: float
+    train_s: float
+    sync_s: float
+    save_s: float = 0.0
+    held_out: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def step_s(self) -> float:
+        return self.rollout_s + self.train_s + self.sync_s
+
+
+COLUMNS = (
+    ("step", 4),
+    ("ver", 3),
+    ("train_r", 7),
+    ("held_r", 6),
+    ("greedy", 6),
+    ("pass@k", 6),
+    ("KL", 7),
+    ("|dlogp|", 7),
+    ("clip", 5),
+    ("stale", 5),
+    ("rollout_s", 9),
+    ("train_s", 7),
+    ("sync_s", 6),
+)
+
+
+def table_row(row: StepRow) -> str:
+    held = row.held_out
+    cells = [
+        row.step,
+        row.version,
+        f"{row.train_reward:.2f}",
+        f"{held['mean']:.2f}" if held else "",
+        f"{held['greedy']:.2f}" if held else "",
+        f"{held['pass_at_k']:.2f}" if held else "",
+        f"{row.kl:.4f}",
+        f"{row.mismatch_mean:.4f}",
+        f"{row.clip_fraction:.2f}",
+        row.off_policy_rows,
+        f"{row.rollout_s:.1f}",
+        f"{row.train_s:.1f}",
+        f"{row.sync_s:.1f}",
+    ]
+    return "  ".join(f"{cell!s:>{width}}" for cell, (_, width) in zip(cells, COLUMNS, strict=True))
+
+
+def table_header() -> str:
+    names = "  ".join(f"{name:>{width}}" for name, width in COLUMNS)
+    return names + "\n" + "  ".join("-" * width for _, width in COLUMNS)
+
+
+def missing_requirements() -> str | None:
+    """Why this example cannot run here, or None."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"the trainer needs torch and transformers ({exc.name} is missing): {SETUP_HINT}"
+    try:
+        from prorl_handlers.short_answer import learning_tasks  # noqa: F401
+    except ImportError:
+        return "the first-party handlers are not installed: .venv/bin/pip install -e handlers"
+    from prorl_server.vllm_cpu import VllmCpuInstall, unsupported_reason
+
+    if (reason := unsupported_reason()) is not None:
+        return f"the real vLLM cannot run here: {reason}"
+    if (missing := VllmCpuInstall.default().missing()) is not None:
+        return f"the real vLLM is not set up ({missing}): {SETUP_HINT}"
+    return None
+
+
+def group_requests(config: TrainConfig) -> Iterator[dict[str, Any]]:
+    """Endless group requests over the training words, reshuffled each pass; member i of a group samples
+    with seed + i, so a run is repeatable."""
+    from prorl_handlers.short_answer import learning_tasks
+
+    tasks = learning_tasks("train")
+    rng = random.Random(config.seed)
+    seed = config.seed * 1_000_000
+    while True:
+        order = tasks[:]
+        rng.shuffle(order)
+        for instance in order:
+            yield {
+                "instance": instance,
+                "n": config.group_size,
+                "sampling_params": {"temperature": 1.0, "max_tokens": config.max_tokens, "seed": seed},
+                "agent_config": {"max_turns": config.max_turns},
+                "timeout": 300,
+            }
+            seed += config.group_size
+
+
+def probe_logprob(llm: str) -> float:
+    """The engine's summed logprob of the tokens of PROBE (vLLM's `prompt_logprobs`): it moves exactly when
+    the weights the engine serves move."""
+    import httpx
+
+    body = {"prompt": PROBE, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    answer = httpx.post(f"{llm}/completions", json=body, timeout=120, trust_env=False).raise_for_status().json()
+    entries = answer["choices"][0]["prompt_logprobs"][1:]  # the first token has none
+    return sum(next(iter(entry.values()))["logprob"] for entry in entries)
+
+
+def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[str, float]:
+    """Score the held-out words through the server: greedy, and K samples at temperature 1."""
+    from prorl_handlers.short_answer import learning_tasks
+
+    tasks = learning_tasks("held_out")[: config.held_out_words]
+    agent = {"max_turns": config.max_turns}
+    greedy_ids = client.submit_many(
+        {"instance": t, "sampling_params": {"temperature": 0.0, "max_tokens": config.max_tokens}, "agent_config": agent}
+        for t in tasks
+    )
+    group_ids = [
+        client.submit_group(
+            {
+                "instance": t,
+                "n": config.eval_samples,
+                "sampling_params": {"temperature": 1.0, "max_tokens": config.max_tokens, "seed": seed + 100 * i},
+                "agent_config": agent,
+            }
+        )
+        for i, t in enumerate(tasks)
+    ]
+    greedy = [r.reward or 0.0 for r in client.collect(greedy_ids, ack=True)]
+    sampled: list[list[float]] = []
+    for group_id in group_ids:
+        group = client.wait_group(group_id, timeout=600)
+        sampled.append([m.reward or 0.0 for m in group.members])
+    flat = [r for rewards in sampled for r in rewards]
+    return {
+        "greedy": statistics.fmean(greedy),
+        "mean": statistics.fmean(flat),
+        "pass_at_k": statistics.fmean(1.0 if max(rewards) > 0 else 0.0 for rewards in sampled),
+    }
+
+
+class Learner:
+    """The policy on the trainer's side: the model, a frozen copy of the initial one (for the KL), AdamW."""
+
+    def __init__(self, model_path: Path, config: TrainConfig) -> None:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        transformers.utils.logging.disable_progress_bar()  # no bars for loading and saving weights
+        torch.manual_seed(config.seed)
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=0.0)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def train(self, results: list[JobResult], advantages: list[float], version: int) -> dict[str, float]:
+        """One optimizer step on the batch; the loss, KL, mismatch and clip statistics. The mismatch is taken
+        over the trajectories sampled entirely under `version` (the weights the trainer holds now)."""
+        import torch
+
+        from prorl_server.training import LossConfig, LossStats, logprob_mismatch, policy_loss, token_batch
+        from prorl_server.training.loss import kl_to_reference, token_logprobs
+
+        batch = token_batch(results, advantages, pad_id=self.pad_id)
+        on_policy = torch.tensor([r.trajectory.weight_versions == [version] for r in results])
+        loss_config = LossConfig(mode=self.config.loss)
+        total = float(batch.model_tokens)
+        stats, kl_sum, deltas = LossStats(), 0.0, []
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = 8
+        for start in range(0, batch.rows, micro):
+            part = batch.select(slice(start, start + micro))
+            logprobs = token_logprobs(self.model, part)
+            loss, part_stats = policy_loss(logprobs, part, loss_config, tokens_in_batch=total)
+            loss.backward()
+            stats += part_stats
+            with torch.no_grad():
+                reference = token_logprobs(self.reference, part)
+            kl_sum += kl_to_reference(logprobs.detach(), reference, part.loss_mask) * part_stats.tokens
+            rows = on_policy[start : start + micro]
+            if rows.any():
+                deltas.append(logprob_mismatch(logprobs[rows], part.select_rows(rows)))
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        tokens = sum(d.tokens for d in deltas) or 1
+        return {
+            "off_policy_rows": int((~on_policy).sum().item()),
+            "loss": stats.loss,
+            "kl": kl_sum / max(stats.tokens, 1.0),
+            "clip_fraction": stats.clip_fraction,
+            "mismatch_mean": sum(d.mean_abs * d.tokens for d in deltas) / tokens,
+            "mismatch_max": max((d.max_abs for d in deltas), default=0.0),
+            "mismatch_out": sum(d.out_of_band * d.tokens for d in deltas) / tokens,
+            "tokens": int(batch.attention_mask.sum().item()),
+            "masked_tokens": int(total),
+        }
+
+    def step0_mismatch(self, results: list[JobResult]) -> dict[str, dict[str, float | int]]:
+        """At step 0 (the same weights on both sides): the mismatch on the returned ids, and had the
+        trainer re-encoded the text instead."""
+        import torch
+
+        from prorl_server.training import logprob_mismatch, reencoded_mismatch, token_batch
+        from prorl_server.training.loss import token_logprobs
+
+        batch = token_batch(results, [0.0] * len(results), pad_id=self.pad_id)
+        with torch.no_grad():
+            ids = logprob_mismatch(token_logprobs(self.model.eval(), batch), batch)
+            reencoded = reencoded_mismatch(
+                self.model,
+                lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+                results,
+                stop_ids=self.tokenizer.all_special_ids,
+                pad_id=self.pad_id,
+            )
+        return {"returned_ids": ids.as_dict(), "reencoded_text": reencoded.as_dict()}
+
+
+def checkpoint_dir() -> str | None:
+    """/dev/shm when it has room for two checkpoints (about 1.1 GB), else the default temporary directory."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize > 2 * 1024**3:
+            return str(shm)
+    except OSError:
+        pass
+    return None
+
+
+def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: bool = False) -> int:
+    """Start vLLM and the server on `stack`, train for `config.steps` steps; fills `out` with the history."""
+    from tqdm import tqdm
+
+    from prorl_server.training import CheckpointSync, group_advantages
+    from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings
+
+    say = (lambda *_: None) if quiet else print
+    model_path = VllmCpuInstall.default().require().model
+    say(f"[1/3] starting the real vLLM (SmolLM2-135M-Instruct, float32, {config.vllm_seqs} sequences, weight reload)")
+    started = time.monotonic()
+    llm = stack.vllm(VllmCpuSettings(max_num_seqs=config.vllm_seqs, weight_reload=True))
+    say(f"      {llm}, ready after {time.monotonic() - started:.0f} s")
+    say("[2/3] starting prorl-server with the first-party handlers")
+    server = stack.server(
+        "--llm-server",
+        llm,
+        "--run-workers",
+        "16",
+        "--max-staleness",
+        str(config.max_staleness),
+        "--log-level",
+        "warning",
+    )
+    say(f"      {server}; loading the policy into torch from {model_path}")
+    learner = Learner(model_path, config)
+    out.update(config=asdict(config), steps=[], mismatch_step0=None)
+    with (
+        tempfile.TemporaryDirectory(prefix="prorl-train-", dir=checkpoint_dir()) as ckpt,
+        SyncRolloutClient(server, timeout=120.0, trust_env=False) as client,
+    ):
+        sync = CheckpointSync(client, Path(ckpt))
+        client.swap_weights(0)  # the initial policy is version 0
+        mode = "trained" if config.update else "control (weight update off)"
+        say(
+            f"[3/3] {config.steps} steps of {config.groups} informative groups x {config.group_size} samples, "
+            f"loss {config.loss}, lr {config.lr:g}, {mode}\n"
+        )
+        initial = evaluate(client, config, seed=999_000)
+        say(
+            f"held-out before training: mean reward {initial['mean']:.2f}, greedy {initial['greedy']:.2f}, "
+            f"pass@{config.eval_samples} {initial['pass_at_k']:.2f}\n"
+        )
+        out["held_out_initial"] = initial
+        out["probe_logprob_initial"] = probe_logprob(llm)
+        say(table_header())
+        with SyncDapoCollector(
+            client, group_requests(config), target_groups=config.groups, max_groups_in_flight=config.groups
+        ) as collector:
+            version = 0
+            for step in range(config.steps):
+                bar = tqdm(total=config.groups + 2, desc=f"step {step}", leave=False, disable=quiet, unit="part")
+                bar.set_postfix_str("rollout")
+                t0 = time.monotonic()
+                groups: list[GroupResult] = []
+                while len(groups) < config.groups:
+                    report = collector.collect_step(target=1)
+                    groups.extend(report.groups)
+                    bar.update(len(report.groups))
+                    if report.exhausted:
+                        break
+                # nothing samples while the trainer has the cores; should this process die before the swap,
+                # the pause lifts by itself after the server's --weight-pause-lease
+                client.pause_weights()
+                rollout_s = time.monotonic() - t0
+                results = [r for g in groups for r in g.results]
+                advantages = [a for g in groups for a in group_advantages([r.reward or 0.0 for r in g.results])]
+                if step == 0:
+                    out["mismatch_step0"] = learner.step0_mismatch(results)
+                bar.set_postfix_str("train")
+                t1 = time.monotonic()
+                figures = learner.train(results, advantages, version)
+                train_s = time.monotonic() - t1
+                bar.update(1)
+                bar.set_postfix_str("sync")
+                save_s = sync_s = 0.0
+                if config.update:
+                    timing = sync.push(learner.model, step + 1)  # reload while paused, then resume
+                    version, save_s, sync_s = step + 1, timing.save_s, timing.total_s
+                else:
+                    client.resume_weights()
+                bar.update(1)
+                bar.close()
+                seen = sorted({v for r in results for v in r.trajectory.weight_versions if isinstance(v, int)})
+                row = StepRow(
+                    step=step,
+                    version=version,
+                    train_reward=statistics.fmean(r.reward or 0.0 for r in results),
+                    rollout_s=rollout_s,
+                    train_s=train_s,
+                    sync_s=sync_s,
+                    save_s=save_s,
+                    sampled_versions=seen,
+                    probe_logprob=probe_logprob(llm),
+                    **figures,
+                )
+                if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+                    row.held_out = evaluate(client, config, seed=999_000 + step)
+                out["steps"].append(asdict(row) | {"step_s": row.step_s})
+                say(table_row(row), flush=True)
+    return 0
+
+
+def summary(out: dict[str, Any]) -> str:
+    """The closing lines: held-out reward before and after, the mismatch at step 0, the sync share."""
+    steps = out["steps"]
+    if not steps:
+        return "no step ran"
+    last = next((s["held_out"] for s in reversed(steps) if s["held_out"]), {})
+    before = out["held_out_initial"]
+    sync_share = statistics.fmean(s["sync_s"] / s["step_s"] for s in steps if s["step_s"] > 0)
+    lines = [
+        f"held-out mean reward {before['mean']:.2f} -> {last.get('mean', float('nan')):.2f}, "
+        f"greedy {before['greedy']:.2f} -> {last.get('greedy', float('nan')):.2f}",
+        f"weight sync (save + reload) {statistics.fmean(s['sync_s'] for s in steps):.2f} s a step, "
+        f"{sync_share:.1%} of a step",
+    ]
+    if m := out.get("mismatch_step0"):
+        ids, text = m["returned_ids"], m["reencoded_text"]
+        lines.append(
+            f"mismatch at step 0 (same weights): returned ids mean |dlogp| {ids['mean_abs']:.2e}, max "
+            f"{ids['max_abs']:.2e}, {ids['out_of_band']:.2%} of {ids['tokens']} tokens outside [0.8, 1.25]; "
+            f"re-encoded text: mean {text['mean_abs']:.2e}, max {text['max_abs']:.2e}, {text['out_of_band']:.2%} "
+            f"outside, {text['turns_retokenized']} of {text['turns']} turns re-tokenized differently"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--groups", type=int, default=defaults.groups, help="informative groups per step (B)")
+    parser.add_argument("--group-size", type=int, default=defaults.group_size, help="samples per group (G)")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--loss", choices=["clip", "tis"], default=defaults.loss, help="importance correction")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="tries per word")
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    parser.add_argument("--eval-samples", type=int, default=defaults.eval_samples, help="K for the held-out set")
+    parser.add_argument("--held-out-words", type=int, help="score only the first N held-out words (default: all)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--no-update", action="store_true", help="control: never push the weights to vLLM")
+    parser.add_argument("--json", type=Path, help="write the history (config, steps, mismatch) here")
+    parser.add_argument("--plot", type=Path, help="draw the learning curve into this PNG")
+    args = parser.parse_args(argv)
+    if min(args.steps, args.groups, args.max_tokens, args.max_turns, args.eval_every, args.eval_samples) < 1:
+        parser.error("--steps, --groups, --max-tokens, --max-turns, --eval-every and --eval-samples must be >= 1")
+    if args.held_out_words is not None and args.held_out_words < 1:
+        parser.error("--held-out-words must be >= 1")
+    if args.group_size < 2:
+        parser.error("--group-size must be at least 2 (a group of one has no variance)")
+    if not args.lr > 0:
+        parser.error("--lr must be > 0")
+    config = TrainConfig(
+        steps=args.steps,
+        groups=args.groups,
+        group_size=args.group_size,
+        lr=args.lr,
+        loss=args.loss,
+        max_tokens=args.max_tokens,
+        max_turns=args.max_turns,
+        eval_every=args.eval_every,
+        eval_samples=args.eval_samples,
+        held_out_words=args.held_out_words,
+        seed=args.seed,
+        update=not args.no_update,
+    )
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, args = parse_args(argv)
+    if (problem := missing_requirements()) is not None:
+        print(f"ERROR: {problem}")
+        return 2
+    out: dict[str, Any] = {}
+    code = run_with_stack("prorl-train-grpo-", lambda stack: run(stack, config, out=out))
+    if out.get("steps"):
+        print("\n" + summary(out))
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+            print(f"history written to {args.json}")
+        if args.plot:
+            from prorl_server.training.report import plot_learning_curve
+
+            plot_learning_curve({"trained" if config.update else "control": out}, args.plot)
+            print(f"learning curve drawn to {args.plot}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
