@@ -1,4 +1,4 @@
-"""Quickstart: a real small LLM on the CPU, a prorl-server, 16 math rollouts with IPython in sandboxes.
+"""Quickstart: a real small LLM on the CPU, a prorl-server, 16 rollouts: math with IPython in sandboxes, and short answers.
 
 Run it with `bash scripts/quickstart.sh` (sets everything up), or with the project's Python:
 `python examples/quickstart.py [--engine vllm|dev]`. It starts two child processes and stops both when it
@@ -11,11 +11,14 @@ ends (also on Ctrl-C, SIGTERM or an error):
 2. `prorl-server serve` with the first-party handlers (the `prorl-handlers` distribution, found through its
    entry points); each job gets a bubblewrap sandbox with an IPython kernel (or the best runtime here).
 
-Then 4 math problems x 4 samples go through `POST /jobs`; results stream back through `GET /jobs`
-(long-poll), both through `prorl_server.client.SyncRolloutClient`, with a tqdm progress bar; the script
-prints each job's reward, turns and tokens, and the reward variance of each group (what GRPO-style
-advantages need). A 135M model seldom solves these with tools: expect mostly zeros. The point is the
-real path: ids, logprobs and masks exactly as sampled.
+Then 4 samples of each of 2 math problems (`math`: the model may run Python in its sandbox's IPython
+kernel) and 2 "Reply with just the word" tasks (`short_answer`, two tries: a wrong reply is told so) go
+through `POST /jobs`; results stream back through `GET /jobs` (long-poll), both through
+`prorl_server.client.SyncRolloutClient`, with a tqdm progress bar. The script prints each job's reward,
+turns and tokens, and the reward variance of each group (what GRPO-style advantages need). A 135M model
+seldom solves the math problems (expect zeros there) and gets the words right part of the time, so those
+groups' rewards vary: that is what a trainer learns from, and the last line gives the command that trains
+on them (`scripts/train.sh`). Every sample has its own seed, so a run is repeatable on the same engine.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from prorl_server.client import SyncRolloutClient
 from prorl_server.launch import LocalStack, run_with_stack
 from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, unsupported_reason
 
+WORD_TASKS = (0, 3)  # indices into the short_answer learning set (train split) the quickstart samples
 ENGINES = {
     "vllm": "the real vLLM 0.32 (vllm-cpu, SmolLM2-135M-Instruct float32)",
     "dev": "the dev engine (SmolLM2-135M-Instruct Q4_1 on llama.cpp, 2 slots)",
@@ -39,6 +43,7 @@ ENGINES = {
 def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
     """Start the stack, run the jobs, print the results; returns the exit code."""
     from prorl_handlers.math import load_problems
+    from prorl_handlers.short_answer import learning_tasks
 
     engine_name = ENGINES[args.engine]
     if args.engine == "vllm":
@@ -54,30 +59,37 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
     server = stack.server("--llm-server", llm, "--run-workers", "4", "--log-level", "warning")
     print(f"      {server}")
 
-    problems = load_problems()[: args.problems]
+    problems = load_problems()[: args.problems] + [learning_tasks("train")[i] for i in WORD_TASKS[: args.words]]
     jobs: dict[str, dict[str, Any]] = {}
-    sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "max_turns": args.max_turns, "tool_timeout": 10}
     requests = []
-    for problem in problems:
+    for index, problem in enumerate(problems):
+        turns = args.max_turns if problem["data_source"] == "math" else 2
         for sample in range(args.samples):
             job_id = f"{problem['id']}-s{sample}"
             jobs[job_id] = problem
+            sampling = {
+                "temperature": 1.0,
+                "max_tokens": args.max_tokens,
+                "max_turns": turns,
+                "tool_timeout": 10,
+                "seed": args.seed + 100 * index + sample,
+            }
             requests.append({"job_id": job_id, "instance": problem, "sampling_params": sampling, "timeout": 600})
     # loopback only: ignore proxy settings; the client sends $PRORL_API_KEY when set (the server inherits it)
     with SyncRolloutClient(server, timeout=60.0, trust_env=False) as client:
         client.submit_many(requests)
-        print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} problems x {args.samples} samples); waiting")
+        print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} tasks x {args.samples} samples); waiting")
         started = time.monotonic()
         results = {r.job_id: r for r in client.as_completed(jobs, progress="  jobs", ack=True)}
         wall = time.monotonic() - started
 
     print("[4/4] results")
-    print(f"  {'job':<18}{'status':<11}{'reward':>7}{'turns':>7}{'prompt':>8}{'response':>10}{'model':>7}  answer")
+    print(f"  {'job':<22}{'status':<11}{'reward':>7}{'turns':>7}{'prompt':>8}{'response':>10}{'model':>7}  answer")
     for job_id, result in results.items():
         traj = result.trajectory
         answer = result.artifacts.get("answer")
         print(
-            f"  {job_id:<18}{result.status.value:<11}{result.reward if result.reward is not None else '-':>7}"
+            f"  {job_id:<22}{result.status.value:<11}{result.reward if result.reward is not None else '-':>7}"
             f"{len(traj.turns):>7}{len(traj.prompt_ids):>8}{len(traj.response_ids):>10}"
             f"{sum(traj.response_mask):>7}  {answer!r}"
         )
@@ -88,7 +100,7 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
         rewards = [results[j].reward or 0.0 for j, p in jobs.items() if p is problem]
         mean, var = statistics.fmean(rewards), statistics.pvariance(rewards)
         print(
-            f"  {problem['id']:<10} answer={problem['answer']!r:<10} rewards={rewards} mean={mean:.2f} variance={var:.4f}"
+            f"  {problem['id']:<18} answer={problem['answer']!r:<10} rewards={rewards} mean={mean:.2f} variance={var:.4f}"
         )
     failed = [j for j, r in results.items() if r.status != "completed"]
     sampled = sum(sum(r.trajectory.response_mask) for r in results.values())
@@ -97,6 +109,10 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
         + (f"; not completed: {failed}" if failed else "")
     )
     print(f"{sampled} model tokens in {wall:.0f} s through prorl-server: {sampled / wall:.1f} tokens/s")
+    print(
+        "\nnext: watch the model learn the short-answer task through prorl-server (GRPO, the real vLLM reloading "
+        "the weights every step, about 10 minutes on 2 cores):\n    bash scripts/train.sh"
+    )
     return 0 if not failed else 1
 
 
@@ -113,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo; whatever happens, stop both child processes (by PID)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["vllm", "dev"], help="default: vllm where it is set up, else dev")
-    parser.add_argument("--problems", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4, help="rollouts per problem (a GRPO group)")
+    parser.add_argument("--problems", type=int, default=2, help="math problems (with IPython in a sandbox)")
+    parser.add_argument("--words", type=int, default=2, choices=range(len(WORD_TASKS) + 1), help="short-answer tasks")
+    parser.add_argument("--samples", type=int, default=4, help="rollouts per task (a GRPO group)")
+    parser.add_argument("--seed", type=int, default=0, help="sample j of task i samples with seed + 100 i + j")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96, help="max_tokens of each model turn")
     args = parser.parse_args(argv)

@@ -13,9 +13,9 @@ the same float32 weights into torch on the trainer's side, and then, per step:
 2. **train**: group-relative advantages; the trainer recomputes the logprobs of the returned ids and takes
    a policy-gradient step (`--loss clip` PPO-style or `--loss tis` truncated importance sampling, the
    ratio against the rollout's own `response_logprobs`) with AdamW;
-3. **sync**: the new weights are saved (safetensors, in /dev/shm) and `POST /weights/swap` with `reload`
-   makes vLLM load them, so the next step's turns carry weight version step + 1 (bounded staleness:
-   `--max-staleness 1` on the server).
+3. **sync**: the new weights are saved (safetensors, in /dev/shm) and `POST /weights/update` with `reload`
+   makes vLLM load them before dispatching resumes (`CheckpointSync`), so the next step's turns carry weight
+   version step + 1 (bounded staleness: `--max-staleness 1` on the server).
 
 Every `--eval-every` steps the held-out words (never trained on) are scored through prorl-server: greedy,
 and K samples at temperature 1 (their mean reward, and pass@K). It prints a progress bar per step and a
@@ -52,14 +52,14 @@ SETUP_HINT = "bash scripts/train.sh (or: bash scripts/setup-vllm.sh && bash scri
 class TrainConfig:
     """Everything a run depends on (the benchmark runs two of these: trained and control)."""
 
-    steps: int = 30
+    steps: int = 16
     groups: int = 4  # informative groups per step (B)
     group_size: int = 8  # samples per group (G)
-    lr: float = 2e-6
+    lr: float = 1e-5
     loss: str = "clip"
     max_tokens: int = 12
     max_turns: int = 2
-    eval_every: int = 5
+    eval_every: int = 4
     eval_samples: int = 4  # K: samples per held-out word at temperature 1 (mean reward and pass@K)
     held_out_words: int | None = None  # score only the first N held-out words (default: all 24)
     max_staleness: int = 1

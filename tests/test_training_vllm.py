@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch", reason="the trainer's side needs the train extra (torch)")
 pytest.importorskip("transformers", reason="the trainer's side needs the train extra (transformers)")
 
-from prorl_handlers.short_answer import ShortAnswerHandler, learning_tasks  # noqa: E402
+from prorl_handlers.short_answer import ShortAnswerHandler, learning_tasks
 
 pytest_plugins = ("vllm_reload_fixtures",)
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_grpo.py"

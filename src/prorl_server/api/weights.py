@@ -120,7 +120,10 @@ async def swap(request: Request, state: State) -> Response:
         await _reload_and_apply(state, body, "swap weights")
     except HTTPException as exc:
         if exc.status_code == 502:
-            exc.detail += "; LLM dispatching stays paused: POST /weights/update with the reload again, or resume"
+            exc.detail += (
+                "; LLM dispatching stays paused: POST /weights/update with the reload again, or resume "
+                "(the pause ends by itself when its lease runs out)"
+            )
         raise
     gate.resume()
     state.pause_lease.end()

@@ -10,8 +10,8 @@ trl); the server never imports this package. What it holds:
   importance sampling).
 - `logprob_mismatch`, `reencoded_mismatch`: training-inference mismatch on the returned ids, and what it
   would be had the trainer re-encoded the text.
-- `CheckpointSync`: save the policy as safetensors and make the engines reload it (`POST /weights/swap`
-  with `reload`), timed.
+- `CheckpointSync`: save the policy as safetensors and make the engines reload it (a weight-update pause,
+  `POST /weights/update` with `reload`, resume), timed.
 - `ProrlRollout` (in `prorl_server.training.trl_rollout`): TRL's `GRPOTrainer` with prorl-server as its
   rollout source.
 """

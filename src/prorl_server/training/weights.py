@@ -1,10 +1,10 @@
 """Push a trainer's new weights to the engines: save a checkpoint, make every engine reload it, timed.
 
 `CheckpointSync.push(model, version)` writes the policy with `save_pretrained` (safetensors, the layout
-`vllm serve` loads) into `<directory>/v<version>` and calls `POST /weights/swap` with `reload` on every
-server of the client: LLM dispatching pauses, calls in flight finish (or are aborted with `mode="abort"`),
-each engine loads the checkpoint and resets its prefix cache, the version is set, dispatching resumes. The
-engines read the path themselves, so `directory` must be visible to them (on one node, `/dev/shm` is the
+`vllm serve` loads) into `<directory>/v<version>`, then on every server of the client LLM dispatching
+pauses (calls in flight finish, or are aborted with `mode="abort"`), each engine loads the checkpoint and
+resets its prefix cache, the version is set, and dispatching resumes (`POST /weights/pause`,
+`/weights/update` with `reload`, `/weights/resume`). The engines read the path themselves, so `directory` must be visible to them (on one node, `/dev/shm` is the
 fastest; on a cluster, a shared file system).
 
 The previous checkpoint is kept until the next one is loaded (the server rolls an engine back to it when a
@@ -13,7 +13,6 @@ reload fails); older ones are deleted.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ class SyncTiming:
     version: int
     path: Path
     save_s: float
-    reload_s: float  # the swap: pause, engines reload, version set, resume
+    reload_s: float  # pause, engines reload, version set, resume
 
     @property
     def total_s(self) -> float:
@@ -70,13 +69,20 @@ class CheckpointSync:
         return timing
 
     def reload(self, path: Path, version: int) -> None:
-        """`POST /weights/swap` with `reload` on every server; on a refusal, resume and raise WeightSyncError."""
+        """Pause dispatching (calls in flight finish, or are aborted with mode "abort"), make every engine of
+        every server load `path` as `version`, resume. WeightSyncError when an engine refuses it: the server
+        has put every engine back on the previous weights, and dispatching resumes under them."""
+        self.client.pause_weights(self.mode)
         try:
-            self.client.swap_weights(version, mode=self.mode, reload_path=str(path))
+            self.client.update_weights(version, reload_path=str(path))
         except RolloutServerError as exc:
-            if exc.status_code == 502:  # the engines were rolled back; the server stays paused for us to decide
-                with contextlib.suppress(RolloutServerError):  # already resumed, or its lease ran out
-                    self.client.resume_weights()
             raise WeightSyncError(
-                f"the engines could not load the checkpoint {path} as version {version}: {exc.detail or exc}"
+                f"the engines could not load the checkpoint {path} as version {version}; rollouts go on with the "
+                f"previous weights: {exc.detail or exc}"
             ) from exc
+        finally:
+            try:
+                self.client.resume_weights()
+            except RolloutServerError as exc:
+                if exc.status_code != 409:  # 409: not paused any more (its lease ran out): nothing held back
+                    raise
