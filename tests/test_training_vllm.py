@@ -136,3 +136,47 @@ def test_trls_grpo_trainer_trains_on_prorl_server_rollouts(start_server, vllm, t
     assert len({r.trajectory.prompt_ids[-8:].__repr__() for r in seen[0]}) == 1  # one group: one prompt
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+def test_after_a_reload_vllm_computes_with_exactly_the_trainers_weights(start_server, vllm, tmp_path):
+    """Every weight of the new checkpoint is what vLLM computes with after the reload, the output head tied to
+    the input embeddings included (vLLM's CPU build kept the head's old packed weights until our engine
+    plugin, src/prorl_server/vllm_cpu/engine_plugin/, prepared it again)."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(vllm.model_dir, dtype=torch.float32).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tied head this is about
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it runs back home to sleep.")
+
+    def engine_logprobs() -> torch.Tensor:
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        answer = httpx.post(f"{vllm.url}/v1/completions", json=body, timeout=120, trust_env=False).json()
+        entries = answer["choices"][0]["prompt_logprobs"][1:]
+        return torch.tensor([entry[str(token)]["logprob"] for entry, token in zip(entries, ids[1:], strict=True)])
+
+    def trainer_logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+    before = engine_logprobs()
+    assert (before - trainer_logprobs()).abs().max() < 1e-3
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            scale = 0.05 if "embed_tokens" in name else 0.01
+            parameter.add_(torch.randn_like(parameter) * scale * parameter.abs().mean())
+    model.save_pretrained(tmp_path / "perturbed", safe_serialization=True)
+    server = start_server([vllm.address])
+    swapped = server.http.post("/weights/swap", json={"version": 1, "reload": {"path": str(tmp_path / "perturbed")}})
+    assert swapped.status_code == 200, swapped.text
+    try:
+        after = engine_logprobs()
+        assert (after - before).abs().max() > 0.05  # the engine's weights moved
+        assert (after - trainer_logprobs()).abs().max() < 1e-3  # to exactly the trainer's
+    finally:  # the module's engine goes back to the weights it started with
+        restored = server.http.post("/weights/swap", json={"version": 2, "reload": {"path": vllm.model_dir}})
+        assert restored.status_code == 200, restored.text
