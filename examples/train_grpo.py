@@ -1,15 +1,16 @@
 """Watch a model learn through prorl-server on a laptop CPU: GRPO on SmolLM2-135M-Instruct with the real vLLM.
 
     bash scripts/train.sh                       # sets up what it needs, then runs this with the defaults
-    .venv/bin/python examples/train_grpo.py --steps 30 --plot docs/learning_curve.png
+    .venv/bin/python examples/train_grpo.py --steps 30 --plot curve.png --json history.json
 
 It starts the real vLLM (CPU build, `scripts/setup-vllm.sh`, with its weight-reload endpoints) and a
 prorl-server with the first-party handlers as child processes (stopped on exit, Ctrl-C or an error), loads
 the same float32 weights into torch on the trainer's side, and then, per step:
 
 1. **rollout**: `SyncDapoCollector` gathers B informative groups of G samples (reward variance > 0) of the
-   `short_answer` learning task: "Reply with just the word: W", exact match, two tries (a wrong first reply
-   is told so, so observation tokens sit between the model's turns and are masked out of the loss);
+   `short_answer` learning task: "Reply with just the word: W", two tries (a wrong first reply is told
+   so, so observation tokens sit between the model's turns and are masked out of the loss); LLM
+   dispatching is then paused while the trainer has the cores;
 2. **train**: group-relative advantages; the trainer recomputes the logprobs of the returned ids and takes
    a policy-gradient step (`--loss clip` PPO-style or `--loss tis` truncated importance sampling, the
    ratio against the rollout's own `response_logprobs`) with AdamW;
@@ -19,8 +20,10 @@ the same float32 weights into torch on the trainer's side, and then, per step:
 
 Every `--eval-every` steps the held-out words (never trained on) are scored through prorl-server: greedy,
 and K samples at temperature 1 (their mean reward, and pass@K). It prints a progress bar per step and a
-table row (train and held-out reward, KL to the initial policy, the training-inference mismatch, the time
-split into rollout / train / sync), and with `--plot` draws the learning curve as a PNG. `--no-update` is
+table row (train and held-out reward, KL to the initial policy, the training-inference mismatch on the
+trajectories sampled under the trainer's current weights, the share clipped, the trajectories with turns of
+an older version, the time split into rollout / train / sync; docs/trainers.md explains each column), and
+with `--plot` draws the learning curve as a PNG. `--no-update` is
 the control: the same loop with the weight update switched off (vLLM keeps the initial weights).
 """
 
@@ -250,8 +253,15 @@ class Learner:
         over the trajectories sampled entirely under `version` (the weights the trainer holds now)."""
         import torch
 
-        from prorl_server.training import LossConfig, LossStats, logprob_mismatch, policy_loss, token_batch
-        from prorl_server.training.loss import kl_to_reference, token_logprobs
+        from prorl_server.training import (
+            LossConfig,
+            LossStats,
+            kl_to_reference,
+            logprob_mismatch,
+            policy_loss,
+            token_batch,
+            token_logprobs,
+        )
 
         batch = token_batch(results, advantages, pad_id=self.pad_id)
         on_policy = torch.tensor([r.trajectory.weight_versions == [version] for r in results])
@@ -293,8 +303,7 @@ class Learner:
         trainer re-encoded the text instead."""
         import torch
 
-        from prorl_server.training import logprob_mismatch, reencoded_mismatch, token_batch
-        from prorl_server.training.loss import token_logprobs
+        from prorl_server.training import logprob_mismatch, reencoded_mismatch, token_batch, token_logprobs
 
         batch = token_batch(results, [0.0] * len(results), pad_id=self.pad_id)
         with torch.no_grad():

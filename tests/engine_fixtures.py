@@ -39,6 +39,15 @@ REQUIRE_VLLM_ENV = "PRORL_REQUIRE_VLLM"
 _METRIC_LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
+def vllm_metrics(url: str) -> dict[str, float]:
+    """`GET {url}/metrics` of a vLLM engine: its `vllm:` series, each summed over its labels."""
+    text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).raise_for_status().text
+    totals: dict[str, float] = {}
+    for name, value in _METRIC_LINE.findall(text):
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
 @dataclass
 class Engine:
     """A running engine as the tests see it.
@@ -62,11 +71,7 @@ class Engine:
 
     def metrics(self) -> dict[str, float]:
         """`GET /metrics`, vLLM's names (each summed over its labels)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10, trust_env=False).raise_for_status().text
-        totals: dict[str, float] = {}
-        for name, value in _METRIC_LINE.findall(text):
-            totals[name] = totals.get(name, 0.0) + float(value)
-        return totals
+        return vllm_metrics(self.url)
 
     def running(self) -> int:
         """Requests generating now."""

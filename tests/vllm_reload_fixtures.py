@@ -7,7 +7,6 @@ PRORL_REQUIRE_VLLM=1 (scripts/test.sh sets it where the setup succeeded) fails i
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,11 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from engine_fixtures import vllm_metrics
 
 from prorl_server.testing.uvicorn_thread import free_port
 
 REQUIRE_VLLM_ENV = "PRORL_REQUIRE_VLLM"
-_METRIC_LINE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
 @dataclass
@@ -32,11 +31,7 @@ class ReloadableVllm:
         return f"{self.url}/v1"
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=10, trust_env=False).raise_for_status().text
-        totals: dict[str, float] = {}
-        for name, value in _METRIC_LINE.findall(text):
-            totals[name] = totals.get(name, 0.0) + float(value)
-        return totals
+        return vllm_metrics(self.url)
 
     def complete(self, prompt: str) -> str:
         body = {"prompt": prompt, "max_tokens": 2, "temperature": 0.0}
