@@ -6,7 +6,7 @@ scripts/bootstrap.sh train`)::
     .venv/bin/python benchmarks/bench_learning.py [--json out.json] [--plot docs/learning_curve.png]
         [--steps 16] [--eval-every 4] [--lr 1e-5] [--loss clip|tis] [--seed 0]
 
-About 20 minutes on 2 cores with the defaults: this is the full learning run the issue asks for, so it
+About 25 minutes on 2 cores with the defaults: this is the full learning run the issue asks for, so it
 runs longer than the other benchmarks' 5 minutes (`--steps 4` gives a quick look). Two runs of
 `examples/train_grpo.py`'s loop in this process, one after the other, each with a fresh vLLM (CPU build,
 weight reload on) and a fresh prorl-server, the same seeds and the same task:
