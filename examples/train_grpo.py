@@ -459,18 +459,20 @@ def summary(out: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     parser.add_argument("--groups", type=int, default=defaults.groups, help="informative groups per step (B)")
     parser.add_argument("--group-size", type=int, default=defaults.group_size, help="samples per group (G)")
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate")
     parser.add_argument("--loss", choices=["clip", "tis"], default=defaults.loss, help="importance correction")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="max_tokens of each reply")
     parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="tries per word")
-    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between held-out scores")
     parser.add_argument("--eval-samples", type=int, default=defaults.eval_samples, help="K for the held-out set")
     parser.add_argument("--held-out-words", type=int, help="score only the first N held-out words (default: all)")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="word order, sampling seeds, torch")
     parser.add_argument("--no-update", action="store_true", help="control: never push the weights to vLLM")
     parser.add_argument("--json", type=Path, help="write the history (config, steps, mismatch) here")
     parser.add_argument("--plot", type=Path, help="draw the learning curve into this PNG")
