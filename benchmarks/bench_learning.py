@@ -75,12 +75,13 @@ def summarise(trained: dict[str, Any], control: dict[str, Any]) -> dict[str, Any
     steps = trained["steps"]
     ids = trained["mismatch_step0"]["returned_ids"]
     text = trained["mismatch_step0"]["reencoded_text"]
+    held_trained, held_control = last_held_out(trained), last_held_out(control)
     return {
-        "held_out_trained": last_held_out(trained)["mean"],
-        "held_out_control": last_held_out(control)["mean"],
-        "held_out_gain": last_held_out(trained)["mean"] - last_held_out(control)["mean"],
-        "greedy_trained": last_held_out(trained)["greedy"],
-        "greedy_control": last_held_out(control)["greedy"],
+        "held_out_trained": held_trained["mean"],
+        "held_out_control": held_control["mean"],
+        "held_out_gain": held_trained["mean"] - held_control["mean"],
+        "greedy_trained": held_trained["greedy"],
+        "greedy_control": held_control["greedy"],
         "minutes_trained": trained["wall_s"] / 60,
         "sync_share": statistics.fmean(s["sync_s"] / s["step_s"] for s in steps),
         "sync_s_mean": statistics.fmean(s["sync_s"] for s in steps),

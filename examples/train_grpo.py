@@ -320,13 +320,11 @@ class Learner:
 
 def checkpoint_dir() -> str | None:
     """/dev/shm when it has room for two checkpoints (about 1.1 GB), else the default temporary directory."""
-    shm = Path("/dev/shm")
     try:
-        if shm.is_dir() and os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize > 2 * 1024**3:
-            return str(shm)
-    except OSError:
-        pass
-    return None
+        room = os.statvfs("/dev/shm")
+    except OSError:  # no /dev/shm here
+        return None
+    return "/dev/shm" if room.f_bavail * room.f_frsize > 2 * 1024**3 else None
 
 
 def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: bool = False) -> int:

@@ -253,3 +253,22 @@ def test_the_server_never_imports_the_trainers_side():
         check=True,
     )
     assert trainer.stdout.strip() == "True"
+
+
+def test_the_trainers_guide_snippets_import_names_that_exist():
+    """docs/trainers.md's training and TRL snippets: valid Python whose imports all resolve (the snippets
+    themselves need a running server; tests/test_training_vllm.py runs the same calls)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "trainers.md"
+    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.DOTALL)
+    assert len(blocks) >= 3
+    imported = 0
+    for block in blocks:
+        tree = ast.parse(block)
+        imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        exec(compile(ast.Module(body=imports, type_ignores=[]), str(guide), "exec"), {})
+        imported += len(imports)
+    assert imported >= 8

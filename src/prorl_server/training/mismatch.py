@@ -13,7 +13,7 @@ Both report the mean and max of |delta log p| and the share of tokens whose rati
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -35,14 +35,7 @@ class Mismatch:
     turns_retokenized: int = 0  # re-encoded only: turns whose ids differ from the sampled ones
 
     def as_dict(self) -> dict[str, float | int]:
-        return {
-            "tokens": self.tokens,
-            "mean_abs": self.mean_abs,
-            "max_abs": self.max_abs,
-            "out_of_band": self.out_of_band,
-            "turns": self.turns,
-            "turns_retokenized": self.turns_retokenized,
-        }
+        return asdict(self)
 
 
 def _summarise(delta: torch.Tensor, *, turns: int = 0, retokenized: int = 0) -> Mismatch:
