@@ -60,7 +60,7 @@ from typing import Any
 import httpx
 from _report import check, finish, positive_int, print_checks, report_header
 
-from prorl_server.launch import LocalStack
+from prorl_server.launch import LocalStack, auth_headers
 from prorl_server.testing import RecordedGeneration, RecordingProxy, UvicornThread
 from prorl_server.vllm_cpu import SERVED_MODEL_NAME, VllmCpuInstall, VllmCpuSettings, unsupported_reason
 from prorl_server.vllm_cpu.install import VLLM_VERSION
@@ -108,7 +108,7 @@ async def run_jobs(server: str, args: argparse.Namespace) -> list[dict[str, Any]
         if len(done) % 10 == 0 or len(done) == args.jobs:
             print(f"\r  {len(done)}/{args.jobs} trajectories", end="", flush=True)
 
-    async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+    async with httpx.AsyncClient(timeout=600, trust_env=False, headers=auth_headers()) as http:
         await asyncio.gather(*(one(http, i) for i in range(args.jobs)))
     print()
     return done

@@ -57,7 +57,7 @@ import httpx
 import openai
 from _report import check, finish, percentile_ms, positive_int, print_checks, report_header
 
-from prorl_server.launch import LocalStack
+from prorl_server.launch import LocalStack, auth_headers
 from prorl_server.launch.local_stack import free_port
 from prorl_server.testing.scripted_backend import MODEL_NAME
 
@@ -93,7 +93,7 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
     stack.launch("scripted_double", argv, f"{double}/health")
     server = stack.server(*server_options(f"{double}/v1"))
     times: dict[str, list[float]] = {"direct_chat": [], "direct_tito": [], "gateway": []}
-    http = httpx.Client(timeout=60, trust_env=False)
+    http = httpx.Client(timeout=60, trust_env=False, headers=auth_headers())  # the server's key (LocalStack)
     direct = openai.OpenAI(base_url=f"{double}/v1", api_key="none", max_retries=0, http_client=http)
     try:
         for chat in range(args.overhead_chats):
@@ -205,7 +205,7 @@ def measure_exactness(stack: LocalStack, args: argparse.Namespace) -> dict[str, 
 
 async def run_chats(server: str, args: argparse.Namespace) -> list[Any]:
     limit = asyncio.Semaphore(args.concurrency)
-    async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+    async with httpx.AsyncClient(timeout=600, trust_env=False, headers=auth_headers()) as http:
 
         async def one(chat: int) -> tuple[dict[str, Any], list[str], list[int]]:
             async with limit:

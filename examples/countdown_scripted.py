@@ -67,7 +67,8 @@ def run_demo(stack: LocalStack) -> int:
             assert len(plan) == MAX_TURNS or plan.endswith("S"), "a plan must use every turn it is given"
             jobs[f"puzzle{p}-sample{s}"] = (p, plan)
             scripts[f"puzzle{p}-sample{s}"] = [{"text": reply_text(puzzle, move)} for move in plan]
-    # loopback only: ignore proxy settings; send $PRORL_API_KEY when set (the server inherits it)
+    # loopback only: ignore proxy settings; send the server's key ($PRORL_API_KEY when set, which the server
+    # inherits, else the key in the user's key file, which the server made if it had to)
     with httpx.Client(timeout=30.0, trust_env=False, headers=auth_headers()) as http:
         for job_id, replies in scripts.items():  # before the job is submitted: its first turn finds them
             queued = http.post(f"{double}/script", json={"job": job_id, "replies": replies}).raise_for_status()

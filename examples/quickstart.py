@@ -77,7 +77,8 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
                 "seed": args.seed + 100 * index + sample,
             }
             requests.append({"job_id": job_id, "instance": problem, "sampling_params": sampling, "timeout": 600})
-    # loopback only: ignore proxy settings; the client sends $PRORL_API_KEY when set (the server inherits it)
+    # loopback only: ignore proxy settings; the client sends the server's key ($PRORL_API_KEY when set, which the
+    # server inherits, else the key in the user's key file, which the server made if it had to)
     with SyncRolloutClient(server, timeout=60.0, trust_env=False) as client:
         client.submit_many(requests)
         print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} tasks x {args.samples} samples); waiting")

@@ -18,8 +18,9 @@ Example, against a server running the example Countdown handler:
 Countdown puzzles is used. Results are acknowledged by job id, so other clients' results on the same server
 are left alone. `--server` may be repeated: jobs then go to the least loaded server.
 
-With `$PRORL_API_KEY` set, every request carries `Authorization: Bearer <key>` (for a server started with
-that key).
+Every request carries `Authorization: Bearer <key>` with `$PRORL_API_KEY` when it is set, else with the key in
+this user's key file, the key a `prorl-server serve` of the same user uses when given none
+(`prorl_server.auth_key`).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = args.server or ["http://127.0.0.1:8000"]
 
     instances = load_instances(args.instances, args.data_source)
-    client = SyncRolloutClient(servers)  # sends $PRORL_API_KEY when it is set
+    client = SyncRolloutClient(servers)  # sends $PRORL_API_KEY, else the key file's key
     groups: list[Group] = []
     try:
         for server in servers:

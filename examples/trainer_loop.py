@@ -136,7 +136,8 @@ def run_loop(stack: LocalStack, args: argparse.Namespace) -> int:
     server = stack.server("--llm-server", llm, "--run-workers", "4", "--log-level", "warning")
     print(f"      {server}")
 
-    # loopback only: ignore proxy settings; the client sends $PRORL_API_KEY when set (the server inherits it)
+    # loopback only: ignore proxy settings; the client sends the server's key ($PRORL_API_KEY when set, which the
+    # server inherits, else the key in the user's key file, which the server made if it had to)
     with SyncRolloutClient(server, timeout=60.0, trust_env=False) as client:
         handler = next((h for h in client.handlers() if h.data_source == TASK), None)
         if handler is None or handler.error is not None:

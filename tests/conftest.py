@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from prorl_server.api import ServerState, create_app
+from prorl_server.auth_key import API_KEY_FILE_ENV
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import AgentHandler, HandlerRegistry
 from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted_backend_app
@@ -25,6 +26,17 @@ from handlers_for_tests import (
     SlowStageHandler,
     SyncHandler,
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_api_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The key file of every `prorl-server serve` the tests start without a key (child processes, LocalStack,
+    Slurm jobs inherit $PRORL_API_KEY_FILE), and where the tests' clients find that key: a file of the
+    session's, never the user's own ~/.config/prorl-server/api_key."""
+    path = tmp_path_factory.mktemp("api-key") / "api_key"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(API_KEY_FILE_ENV, str(path))
+        yield path
 
 
 class Backend:

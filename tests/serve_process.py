@@ -32,7 +32,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
 
 
 def start_serve(tmp_path: Path, env: dict[str, str] | None, *options: str) -> tuple[subprocess.Popen, str, Path]:
-    """`prorl-server serve` on a free port with stderr to a file; returns the process, its URL and the log."""
+    """`prorl-server serve` on a free port with stderr to a file; returns the process, its URL and the log.
+    Given no key (in `env` or `options`) nor --no-api-key, it uses the key of $PRORL_API_KEY_FILE (the test
+    session's, conftest.py), which `prorl_server.auth_key.auth_headers()` sends."""
     port = free_port()
     log = tmp_path / f"serve-{port}.log"
     cmd = [serve_executable(), "serve", "--port", str(port), "--no-entry-points", "--runtime", "local"]

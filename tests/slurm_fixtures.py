@@ -28,7 +28,6 @@ from prorl_server.testing.slurm import (
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_SLURM_ENV = "PRORL_REQUIRE_SLURM"
-API_KEY = "slurm-test-key"
 
 
 @pytest.fixture(scope="session")
@@ -45,13 +44,15 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
 
 @pytest.fixture
 def slurm_service(slurm_cluster: LocalSlurm, tmp_path: Path) -> Iterator[Service]:
-    """A freshly launched service: 2 rollout servers (with an API key, the sandbox-holding test handler and
-    a sandbox directory of the test's, as a node's local scratch) and 2 dev-engine backends on the one node;
-    cancelled, if still running, when the test ends."""
+    """A freshly launched service: 2 rollout servers (with the default API key, from a key file of the test's
+    that the first server to start makes, the sandbox-holding test handler and a sandbox directory of the
+    test's, as a node's local scratch) and 2 dev-engine backends on the one node; cancelled, if still running,
+    when the test ends."""
     # short: a sandbox's Unix socket path must fit in 107 bytes, and pytest's tmp_path is long
     scratch = tempfile.mkdtemp(prefix="scr-")
     knobs = dev_engine_knobs(
-        PRORL_API_KEY=API_KEY,
+        PRORL_API_KEY="",  # none: the servers use the key file
+        PRORL_API_KEY_FILE=str(tmp_path / "config" / "api_key"),
         SANDBOX_DIR=scratch,
         SERVER_ARGS=f"--handler {HOLD_HANDLER}",
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from serve_process import start_serve, stop, wait_healthy
 
+from prorl_server.auth_key import auth_headers
 from prorl_server.cli import API_KEY_ENV, reachable_beyond_loopback
 from prorl_server.testing.uvicorn_thread import free_port
 
@@ -32,15 +33,17 @@ def test_serve_runs_jobs_and_sigterm_cancels_in_flight_then_exits(backend):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
-        status = httpx.get(f"{url}/status").json()
+        key = auth_headers()  # the server's: given none, it uses (and made) the session's key file (conftest.py)
+        status = httpx.get(f"{url}/status", headers=key).json()
         assert status["workers"] == {"init": 2, "run": 3, "eval": 1}
-        assert httpx.post(f"{url}/process", json={"instance": {"data_source": "slow"}}).json()["status"] == "completed"
+        job = {"instance": {"data_source": "slow"}}
+        assert httpx.post(f"{url}/process", json=job, headers=key).json()["status"] == "completed"
 
         backend.double.default_delay_s = 60
         got: dict = {}
         waiter = threading.Thread(
             target=lambda: got.update(
-                httpx.post(f"{url}/process", json={"instance": {"data_source": "slow"}}, timeout=60).json()
+                httpx.post(f"{url}/process", json={"instance": {"data_source": "slow"}}, headers=key, timeout=60).json()
             )
         )
         waiter.start()
@@ -101,13 +104,14 @@ def test_serve_takes_the_api_key_from_the_environment_and_requires_it(tmp_path, 
 
 def test_serve_warns_loudly_when_reachable_without_a_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    proc, url, log = start_serve(tmp_path, env, "--host", "0.0.0.0")
+    proc, url, log = start_serve(tmp_path, env, "--host", "0.0.0.0", "--no-api-key")
     try:
         assert httpx.get(f"{url}/status").status_code == 200
     finally:
         stop(proc)
     warning = log.read_text()
     assert "WARNING" in warning and "NO API KEY" in warning and "0.0.0.0" in warning and API_KEY_ENV in warning
+    assert "--no-api-key" in warning
 
 
 def test_only_loopback_hosts_count_as_private():

@@ -195,6 +195,12 @@ def test_the_api_key_comes_from_the_environment_unless_given(monkeypatch):
     assert parse("--api-key", "from-flag").api_key == "from-flag"
 
 
+def test_no_api_key_is_a_plain_switch():
+    spellings = {s for a in serve_parser()._actions for s in a.option_strings}
+    assert "--no-api-key" in spellings and "--no-no-api-key" not in spellings
+    assert parse("--no-api-key").no_api_key and not parse().no_api_key
+
+
 def test_a_field_left_out_of_the_help_sections_is_caught(monkeypatch):
     groups = dict(settings_cli.GROUPS)
     groups["weight updates"] = ("max_staleness",)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from prorl_server import AgentHandler, JobContext
+from prorl_server.auth_key import API_KEY_FILE_ENV
 from prorl_server.client import (
     DapoCollector,
     RetryPolicy,
@@ -62,8 +63,9 @@ ZERO_VARIANCE = [1.0, 1.0]
 
 
 @pytest.fixture(autouse=True)
-def no_api_key_from_the_environment(monkeypatch):
+def no_api_key_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setenv(API_KEY_FILE_ENV, str(tmp_path / "no-key-file"))  # nor from a key file
 
 
 @pytest.fixture

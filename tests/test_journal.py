@@ -18,6 +18,7 @@ from serve_process import serve_executable, start_serve, stop
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.api import ServerState
+from prorl_server.auth_key import auth_headers
 from prorl_server.config import ServerSettings
 from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
 from prorl_server.journal.database import Batch, open_database, write
@@ -91,7 +92,7 @@ def test_kill_9_keeps_results_and_cursors_fails_in_flight_jobs_and_requeues_on_r
     )  # fmt: skip
     proc, url, _ = start_serve(tmp_path, None, *options)
     try:
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with httpx.Client(base_url=url, timeout=30, headers=auth_headers()) as http:
             for job_id in ("a", "b", "c"):
                 submit(http, job_id)
             before = {job_id: finished(http, job_id) for job_id in ("a", "b", "c")}
@@ -111,7 +112,7 @@ def test_kill_9_keeps_results_and_cursors_fails_in_flight_jobs_and_requeues_on_r
 
     proc, url, log = start_serve(tmp_path, None, *options)
     try:
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with httpx.Client(base_url=url, timeout=30, headers=auth_headers()) as http:
             assert http.get("/jobs/a").status_code == 404  # acknowledged before the crash: stays gone
             for job_id in ("b", "c"):
                 assert http.get(f"/jobs/{job_id}").json()["result"] == before[job_id]

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prorl_server.auth_key import API_KEY_FILE_ENV
 from prorl_server.client import (
     RetryPolicy,
     RolloutClient,
@@ -44,8 +45,9 @@ SLOW = {"instance": {"data_source": "slow", "run_s": 30}}
 
 
 @pytest.fixture(autouse=True)
-def no_api_key_from_the_environment(monkeypatch):
+def no_api_key_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setenv(API_KEY_FILE_ENV, str(tmp_path / "no-key-file"))  # nor from a key file
 
 
 async def test_submit_wait_process_stream_ack_and_cancel_with_typed_answers(server, backend):

@@ -6,11 +6,13 @@ cgroup behind."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import httpx
 from polling import wait_for
 
+from prorl_server.auth_key import read_api_key
 from prorl_server.client import SyncRolloutClient
 from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.reaper import tagged_processes
@@ -23,7 +25,9 @@ QUESTION = {"data_source": "short_answer", "question": "What is 2 + 2?", "answer
 
 def test_launch_registers_each_servers_backends_and_serves_rollouts_from_the_endpoints_file(slurm_service: Service):
     endpoints = slurm_service.endpoints()
-    api_key = slurm_service.knobs["PRORL_API_KEY"]
+    key_file = Path(slurm_service.knobs["PRORL_API_KEY_FILE"])
+    api_key = read_api_key(key_file)  # made by the first server to start, used by both and by registration
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert len(endpoints.servers) == 2 and len(endpoints.backends) == 2
     assert endpoints.job_ids == {"servers": slurm_service.servers_job, "backends": slurm_service.backends_job}
     assert endpoints.api_key_required
@@ -51,7 +55,7 @@ def test_launch_registers_each_servers_backends_and_serves_rollouts_from_the_end
 
 def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothing(slurm_service: Service):
     endpoints = slurm_service.endpoints()
-    api_key = slurm_service.knobs["PRORL_API_KEY"]
+    api_key = read_api_key(Path(slurm_service.knobs["PRORL_API_KEY_FILE"]))
     server_pids = [a.pid for a in slurm_service.announcements("server")]
     backend_pids = [a.pid for a in slurm_service.announcements("backend")]
     owner_prefixes = tuple(f"prorl-{pid}-" for pid in server_pids)

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from prorl_server.auth_key import API_KEY_FILE_ENV, load_or_create_api_key
 from prorl_server.client import SyncRolloutClient
 from prorl_server.launch.slurm import DeploymentError, announce, read_announcements, register
 from prorl_server.protocol.endpoints import read_endpoints
+from prorl_server.protocol.server import API_KEY_ENV
 
 
 def announce_all(run_dir: Path, servers: list, backends: list) -> None:
@@ -44,6 +46,26 @@ def test_register_gives_each_server_its_backends_and_writes_the_endpoints_file(
         assert [b["address"] for b in server.http.get("/llm_servers").json()["servers"]] == [assigned]
     with SyncRolloutClient.from_endpoints(tmp_path / "endpoints.json", trust_env=False) as client:
         assert client.servers == endpoints.servers
+
+
+def test_register_sends_the_users_key_and_the_endpoints_file_says_one_is_required(
+    tmp_path, start_server, start_backend, monkeypatch
+):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setenv(API_KEY_FILE_ENV, str(tmp_path / "config" / "api_key"))
+    key, _ = load_or_create_api_key(tmp_path / "config" / "api_key")  # what `serve` given no key uses
+    server, backend = start_server(api_key=key), start_backend()
+    announce_all(tmp_path / "run", [server], [backend])
+
+    endpoints = register(tmp_path / "run", n_servers=1, n_backends=1, timeout_s=30)
+
+    assert endpoints.api_key_required
+    listed = server.http.get("/llm_servers", headers={"Authorization": f"Bearer {key}"}).json()["servers"]
+    assert [b["address"] for b in listed] == [backend.address]
+
+    monkeypatch.setenv(API_KEY_ENV, "not-the-servers-key")  # wins over the key file, and is refused
+    with pytest.raises(DeploymentError, match=r"registering the backends failed: .*HTTP 401"):
+        register(tmp_path / "run", n_servers=1, n_backends=1, timeout_s=30)
 
 
 def test_register_refuses_to_leave_a_server_without_a_backend(tmp_path, start_server, start_backend):

@@ -26,9 +26,12 @@
 : "${SERVERS_PER_NODE:=1}"        # prorl-server processes per node, sharing its cores
 : "${SERVER_PORT:=8000}"          # server i on a node listens on SERVER_PORT + i
 : "${SERVER_BIND:=0.0.0.0}"       # address the servers bind (other nodes must reach them)
-# Servers reachable from other nodes require the API key in $PRORL_API_KEY (trainers send it too);
-# launch.sh refuses to start them without one unless ALLOW_NO_API_KEY=1.
-: "${ALLOW_NO_API_KEY:=0}"
+# The servers require an API key: $PRORL_API_KEY when it is set, else the key in the submitting user's key
+# file ($PRORL_API_KEY_FILE, else ~/.config/prorl-server/api_key; the first server to start makes it), which
+# the registration step and the trainer's client read too: it must be on a filesystem every node and the
+# trainer see (the home directory on most clusters). NO_API_KEY=1 serves without a key (`serve --no-api-key`):
+# anyone on the cluster network could then submit jobs, register backends and stop the servers.
+: "${NO_API_KEY:=0}"
 # Workers per server; empty: sized by the server's share of the node's cores (c):
 # INIT = c (sandbox starts), RUN = 8 c (agent loops mostly wait for the LLM), EVAL = c (scoring).
 : "${INIT_WORKERS:=}"
@@ -56,7 +59,7 @@
 : "${BACKEND_COMMAND:=vllm serve \"\$MODEL\" --host 0.0.0.0 --port \"\$PORT\" --tensor-parallel-size \"\$TENSOR_PARALLEL\" --enable-prefix-caching --scheduling-policy priority}"
 
 export RUN_DIR PRORL_SERVER READY_TIMEOUT WATCH_INTERVAL NODE_ADDRESS SERVERS_PER_NODE SERVER_PORT SERVER_BIND \
-  INIT_WORKERS RUN_WORKERS EVAL_WORKERS SANDBOX_RUNTIME SANDBOX_IMAGE SANDBOX_DIR SERVER_ARGS \
+  NO_API_KEY INIT_WORKERS RUN_WORKERS EVAL_WORKERS SANDBOX_RUNTIME SANDBOX_IMAGE SANDBOX_DIR SERVER_ARGS \
   BACKEND_NODES BACKENDS_PER_NODE BACKEND_PORT TENSOR_PARALLEL MODEL BACKEND_COMMAND
 
 log() { echo "[$(date +%H:%M:%S) $(hostname -s) ${SLURM_JOB_ID:-}] $*"; }

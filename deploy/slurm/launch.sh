@@ -25,11 +25,6 @@ if [[ "$BACKEND_COMMAND" == *'$MODEL'* ]] && [ -z "$MODEL" ]; then
   echo "launch.sh: set MODEL to the model vLLM should serve (or set BACKEND_COMMAND)" >&2
   exit 2
 fi
-if [ -z "${PRORL_API_KEY:-}" ] && [ "$ALLOW_NO_API_KEY" != 1 ] && [[ ! "$SERVER_BIND" =~ ^(127\.|localhost$) ]]; then
-  echo "launch.sh: the servers bind $SERVER_BIND without an API key, so anyone on the cluster network could submit" \
-       "jobs and register backends: export PRORL_API_KEY=<secret> (or ALLOW_NO_API_KEY=1)" >&2
-  exit 2
-fi
 mkdir -p "$RUN_DIR/logs"
 
 # sbatch options of one job: resources NODES PARTITION CPUS_PER_NODE GPUS_PER_NODE

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from prorl_server.auth_key import API_KEY_FILE_ENV, ApiKeyFileError, api_key_file, load_or_create_api_key
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
 from prorl_server.journal import JournalError
@@ -134,21 +135,43 @@ def reachable_beyond_loopback(host: str) -> bool:
         return True
 
 
+def with_default_api_key(settings: ServerSettings) -> ServerSettings:
+    """`settings` with the key of the user's key file when they give no key and no --no-api-key (the file is
+    made, with a random key, when missing); logs where the key is, never the key. ApiKeyFileError when the
+    file may not be used."""
+    if settings.api_key is not None or settings.no_api_key:
+        return settings
+    path = api_key_file()
+    key, created = load_or_create_api_key(path)
+    logging.getLogger("prorl_server").info(
+        "API key: in %s%s. Every request but GET /health needs 'Authorization: Bearer <key>'. prorl_server.client "
+        "and what is built on it read the key there when run by this user with the same home directory (or $%s); "
+        'curl: -H "Authorization: Bearer $(cat %s)"; the dashboard asks for it. --no-api-key serves without a key.',
+        path,
+        " (made now, mode 0600)" if created else "",
+        API_KEY_FILE_ENV,
+        path,
+    )
+    return settings.model_copy(update={"api_key": key})
+
+
 def serve(settings: ServerSettings) -> None:
-    """Run the server until SIGINT/SIGTERM; live jobs are cancelled and released before exit."""
+    """Run the server until SIGINT/SIGTERM; live jobs are cancelled and released before exit. Without a key
+    and without --no-api-key, the key is the one in the user's key file (`with_default_api_key`)."""
     import uvicorn
 
     from prorl_server.api import ServerState, create_app
 
-    if settings.api_key is None and reachable_beyond_loopback(settings.host):
+    if settings.no_api_key and reachable_beyond_loopback(settings.host):
         logging.getLogger("prorl_server").warning(
-            "NO API KEY: serving on %s:%d without one, so anyone who can reach this port can submit and cancel "
-            "jobs, register an LLM backend (which then sees job prompts) and stop the server. Set $%s "
-            "(or --api-key), or bind to 127.0.0.1.",
+            "NO API KEY: serving on %s:%d without one (--no-api-key), so anyone who can reach this port can submit "
+            "and cancel jobs, register an LLM backend (which then sees job prompts) and stop the server. Drop "
+            "--no-api-key (the key then comes from $%s, --api-key or the key file), or bind to 127.0.0.1.",
             settings.host,
             settings.port,
             API_KEY_ENV,
         )
+    settings = with_default_api_key(settings)
     state = ServerState.build(settings)
     app = create_app(state=state)
 
@@ -177,13 +200,17 @@ def serve(settings: ServerSettings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `prorl-server` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "serve":
-        settings = settings_from_args(args)
+        try:
+            settings = settings_from_args(args)
+        except ValueError as exc:
+            parser.error(str(exc))
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             serve(settings)
-        except (HandlerLoadError, JudgeConfigError, SandboxError, JournalError) as exc:
+        except (ApiKeyFileError, HandlerLoadError, JudgeConfigError, SandboxError, JournalError) as exc:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)

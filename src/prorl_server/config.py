@@ -37,7 +37,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class ServerSettings(BaseModel):
     """Everything `prorl-server serve` can be told."""
 
-    host: str = Field(default="127.0.0.1", description="Address to bind (anything but loopback wants an API key).")
+    host: str = Field(
+        default="127.0.0.1", description="Address to bind (with --no-api-key, anything but loopback logs a warning)."
+    )
     port: int = Field(default=8000, ge=0, le=65535, description="Port to bind (0: any free port).")
     init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (sandbox starts).")
     run_workers: int = Field(default=64, ge=1, description="Concurrent RUN stages (agent loops).")
@@ -208,8 +210,15 @@ class ServerSettings(BaseModel):
         default=None,
         min_length=1,
         description="Bearer token every endpoint but /health and the dashboard's static page requires (prefer "
-        "$PRORL_API_KEY: a flag shows in ps).",
+        "$PRORL_API_KEY: a flag shows in ps). Without one or --no-api-key, serve uses the key in its user's key "
+        "file ($PRORL_API_KEY_FILE, else $XDG_CONFIG_HOME/prorl-server/api_key, ~/.config by default), made "
+        "with a random key when missing; clients of that user read it there.",
         repr=False,
+    )
+    no_api_key: bool = Field(
+        default=False,
+        description="Serve without an API key: anyone who can reach the port may submit, cancel, register "
+        "backends and stop the server (a single-user machine only). An error together with a key.",
     )
     max_body_bytes: int = Field(
         default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."

@@ -19,7 +19,7 @@ from prorl_server.config import ServerSettings
 from prorl_server.protocol.server import API_KEY_ENV
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "server": ("host", "port", "api_key", "max_body_bytes", "autostart", "log_level"),
+    "server": ("host", "port", "api_key", "no_api_key", "max_body_bytes", "autostart", "log_level"),
     "pipeline": (
         "init_workers",
         "run_workers",
@@ -126,8 +126,9 @@ def add_field_argument(group: argparse._ActionsContainer, name: str, field: Fiel
     default = field.get_default(call_default_factory=True)
     options: dict[str, Any] = {"dest": name, "default": default, "help": (field.description or "").replace("%", "%%")}
     annotation = _without_none(field.annotation)
-    if annotation is bool:
-        group.add_argument(*flags, action=argparse.BooleanOptionalAction, **options)
+    if annotation is bool:  # --flag/--no-flag; a flag that already says no (--no-api-key) is a plain switch
+        action = "store_true" if flags[0].startswith("--no-") else argparse.BooleanOptionalAction
+        group.add_argument(*flags, action=action, **options)
         return
     if get_origin(annotation) is Literal:
         options["choices"] = get_args(annotation)
@@ -166,7 +167,11 @@ def _converter(annotation: Any, metadata: list[Any]) -> Callable[[str], Any]:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """Parsed `serve` flags -> ServerSettings; without --api-key, the key comes from $PRORL_API_KEY."""
+    """Parsed `serve` flags -> ServerSettings; without --api-key, the key comes from $PRORL_API_KEY (the key
+    file is `serve`'s business). ValueError for --no-api-key together with a key."""
     values = {name: getattr(args, name) for name in ServerSettings.model_fields}
     values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+    if values["no_api_key"] and values["api_key"] is not None:
+        given = "--api-key" if args.api_key else f"${API_KEY_ENV}"
+        raise ValueError(f"--no-api-key serves without a key, but a key is given ({given}): drop one of them")
     return ServerSettings(**values)

@@ -8,6 +8,9 @@ import re
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from prorl_server.auth_key import API_KEY_FILE_ENV, DEFAULT_LOCATION
+from prorl_server.protocol.server import API_KEY_ENV
+
 OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
 """Paths answered without the key (GET and HEAD): `/health`, so supervisors can probe liveness, and the
 dashboard's static page, script and style sheet, which hold no server data (its data, `/dashboard/data`,
@@ -50,7 +53,8 @@ class ApiKeyMiddleware:
 _UNAUTHORIZED = JSONResponse(
     {
         "detail": "missing or wrong API key: send 'Authorization: Bearer <key>' with the key the server was "
-        "started with ($PRORL_API_KEY or --api-key)"
+        f"started with (${API_KEY_ENV} or --api-key, else the key in the key file of the user who started it: "
+        f"${API_KEY_FILE_ENV}, else {DEFAULT_LOCATION})"
     },
     status_code=401,
     headers={"WWW-Authenticate": "Bearer"},

@@ -6,11 +6,14 @@ from typing import Any
 
 import httpx
 
+from prorl_server.auth_key import API_KEY_FILE_ENV, DEFAULT_LOCATION
 from prorl_server.protocol.server import API_KEY_ENV
 
 HINTS: dict[int, str] = {
     400: "the request or instance is invalid",
-    401: f"the server requires an API key: set ${API_KEY_ENV} (or pass api_key=) to the server's key",
+    401: f"the server requires an API key: set ${API_KEY_ENV} (or pass api_key=) to the server's key; a server "
+    f"given none uses the key in its user's key file (${API_KEY_FILE_ENV}, else {DEFAULT_LOCATION}), which the "
+    "client sends by default when it sees the same file",
     404: "unknown job (never submitted, already acknowledged, or past retention)",
     409: "a job with this id is still running",
     413: "the request body is larger than the server's --max-body-bytes",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -17,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
+from prorl_server.auth_key import client_api_key
 from prorl_server.client.connection import CONNECT_TIMEOUT_S, ServerConnection
 from prorl_server.client.errors import RolloutServerError
 from prorl_server.client.placement import LoadTracker, assign_backends
@@ -51,7 +51,6 @@ from prorl_server.protocol import (
     WeightsStatus,
 )
 from prorl_server.protocol.endpoints import read_endpoints
-from prorl_server.protocol.server import API_KEY_ENV
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -85,7 +84,9 @@ class RolloutClient:
       `load_refresh_s` seconds, plus the jobs sent since); the client remembers which server has which job
       for `wait`, `cancel` and `ack`, and `stream_results` merges the servers' results. Methods about one
       server take `server=`, which may be left out when the client has one.
-    - `api_key` defaults to `$PRORL_API_KEY`; pass "" to send none.
+    - `api_key` defaults to `$PRORL_API_KEY`, else the key in this user's key file when there is one (where
+      `prorl-server serve` keeps the key it uses when given none: `prorl_server.auth_key`; ApiKeyFileError if
+      that file may not be used); pass "" to send none.
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class RolloutClient:
         urls = list(dict.fromkeys(url.rstrip("/") for url in urls))
         if not urls:
             raise ValueError("RolloutClient needs at least one server URL")
-        key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+        key = client_api_key() if api_key is None else api_key
         self.retry = retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
         self._connections = {

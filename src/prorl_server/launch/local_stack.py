@@ -11,13 +11,14 @@ Each child runs in its own session (Ctrl-C reaches only this process, which stop
 block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL to what is left of its
 process group after it exits or after a grace period.
 
-Children inherit the environment: with `$PRORL_API_KEY` set, the server requires that key, and
-`auth_headers()` gives the header a client sends with it.
+Children inherit the environment, so the server's key is the one a client of this process finds: `$PRORL_API_KEY`
+when it is set, else the key in the user's key file, which the server makes at its first start
+(`prorl_server.auth_key`). `RolloutClient` sends it by itself; `auth_headers()` gives the header for other
+HTTP clients. The health checks here need no key.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -31,19 +32,12 @@ from types import FrameType, TracebackType
 
 import httpx
 
-from prorl_server.protocol.server import API_KEY_ENV
 from prorl_server.vllm_cpu.install import VllmCpuInstall
 from prorl_server.vllm_cpu.launcher import READY_TIMEOUT_S as VLLM_READY_TIMEOUT_S
 from prorl_server.vllm_cpu.launcher import VllmCpuSettings, stop_session, vllm_command, vllm_environment
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0
-
-
-def auth_headers() -> dict[str, str]:
-    """`Authorization: Bearer $PRORL_API_KEY` when that variable is set, else no header."""
-    key = os.environ.get(API_KEY_ENV)
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def free_port() -> int:

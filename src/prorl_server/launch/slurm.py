@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from prorl_server.client import RolloutClient
+from prorl_server.auth_key import ApiKeyFileError
+from prorl_server.client import RolloutClient, RolloutServerError
 from prorl_server.protocol.endpoints import Announcement, Endpoints, write_atomically
-from prorl_server.protocol.server import API_KEY_ENV
 
 POLL_S = 0.5
 ROLE_DIRS = {"server": "servers", "backend": "backends"}
@@ -97,10 +97,23 @@ def wait_announcements(run_dir: Path, role: str, expected: int, deadline: float)
         time.sleep(POLL_S)
 
 
+def key_required(server: str) -> bool:
+    """Whether `server` wants an API key: it answers `GET /status` without one with 401."""
+    try:
+        with httpx.Client(timeout=30.0, trust_env=False) as http:
+            return http.get(f"{server}/status").status_code == 401
+    except httpx.HTTPError as exc:
+        raise DeploymentError(f"{server} did not answer GET /status: {exc}") from exc
+
+
 async def register_backends(servers: list[str], backends: list[str]) -> dict[str, list[str]]:
-    """Register the backends with the servers (two-phase rule); every server must get at least one."""
-    async with RolloutClient(servers, trust_env=False) as client:
-        assignment = await client.register_backends(backends)
+    """Register the backends with the servers (two-phase rule); every server must get at least one. The
+    client sends `$PRORL_API_KEY`, else the key in the user's key file (the one the servers use by default)."""
+    try:
+        async with RolloutClient(servers, trust_env=False) as client:
+            assignment = await client.register_backends(backends)
+    except (ApiKeyFileError, RolloutServerError) as exc:
+        raise DeploymentError(f"registering the backends failed: {exc}") from exc
     idle = [server for server, assigned in assignment.items() if not assigned]
     if idle:
         raise DeploymentError(
@@ -124,7 +137,7 @@ def register(run_dir: Path, n_servers: int, n_backends: int, timeout_s: float) -
         backends=backend_urls,
         assignment=assignment,
         job_ids=job_ids,
-        api_key_required=bool(os.environ.get(API_KEY_ENV)),
+        api_key_required=any(key_required(url) for url in server_urls),
         written_at=datetime.now(UTC),
     )
     write_atomically(run_dir / ENDPOINTS_FILE, endpoints.model_dump_json(indent=2))

@@ -37,7 +37,10 @@ class Endpoints(BaseModel):
     backends: list[str] = Field(description="Every LLM backend's `/v1` base URL.")
     assignment: dict[str, list[str]] = Field(description="Server -> the backends registered with it.")
     job_ids: dict[str, str] = Field(default_factory=dict, description='Slurm job ids: {"servers", "backends"}.')
-    api_key_required: bool = Field(description="Whether the servers want `Authorization: Bearer $PRORL_API_KEY`.")
+    api_key_required: bool = Field(
+        description="Whether the servers want an API key (`Authorization: Bearer`): `$PRORL_API_KEY` when the "
+        "service was launched with it, else the key in the user's key file (`prorl_server.auth_key`)."
+    )
     written_at: datetime
 
 
