@@ -78,7 +78,7 @@ def test_stopped_server_is_503_and_start_resumes(server):
     assert server.http.post("/stop").json() == {"running": False, "cancelled_jobs": 0}
     response = server.http.post("/process", json={"instance": {"data_source": "noop"}})
     assert response.status_code == 503 and "/start" in response.json()["detail"]
-    assert server.http.get("/health").json() == {"status": "ok", "running": False}
+    assert server.http.get("/health").json() == {"status": "ok", "running": False, "problems": []}
     assert server.http.post("/start").json()["running"] is True
     assert server.http.post("/process", json={"instance": {"data_source": "noop"}}).json()["status"] == "completed"
 
@@ -274,7 +274,7 @@ KEY = "test-key-0123456789"
 
 def test_api_key_is_required_everywhere_but_health(start_server, backend):
     server = start_server([backend.address], api_key=KEY)
-    assert server.http.get("/health").json() == {"status": "ok", "running": True}
+    assert server.http.get("/health").json() == {"status": "ok", "running": True, "problems": []}
     for method, path in [("GET", "/status"), ("GET", "/docs"), ("GET", "/openapi.json"), ("POST", "/stop"),
                          ("POST", "/clear_llm_server"), ("POST", "/cancel"), ("GET", "/nowhere"), ("POST", "/health")]:  # fmt: skip
         for auth in (None, "Bearer wrong", f"Basic {KEY}", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}", "Bearer"):

@@ -39,7 +39,7 @@ def test_blocking_sync_init_stalls_neither_api_nor_other_jobs(start_server, back
     assert results[0]["artifacts"]["text"] == "reply"  # the suite backend's default reply
     assert results[0]["timing"]["init_s"] >= 2
     names = handlers["sync"].threads
-    assert {n.split("_")[0] for n in names} == {"prorl-init-sync", "prorl-run-sync", "prorl-eval-sync"}
+    assert {n.rsplit("-", 1)[0] for n in names} == {"prorl-init-sync", "prorl-run-sync", "prorl-eval-sync"}
 
 
 class WaitsForeverHandler(AgentHandler):

@@ -232,7 +232,7 @@ def test_every_route_contains_hostile_requests_and_keeps_serving(hostile_server,
     assert not failed, f"{len(failed)} of {len(cases)} hostile requests not contained:\n" + "\n".join(failed)
 
     http, authed = server.http, {"headers": AUTH}
-    assert http.get("/health").json() == {"status": "ok", "running": True}
+    assert http.get("/health").json() == {"status": "ok", "running": True, "problems": []}
     assert http.post("/process", json={"instance": {"data_source": "noop"}}, **authed).json()["status"] == "completed"
     assert [s["address"] for s in http.get("/llm_servers", **authed).json()["servers"]] == [backend.address]
     assert http.get("/jobs", params={"limit": 10_000}, **authed).status_code == 200
@@ -258,4 +258,4 @@ def test_schemathesis_finds_no_internal_error(hostile_server, mode):
 
     fuzz()
     assert statuses & {400, 404, 422}
-    assert server.http.get("/health").json() == {"status": "ok", "running": True}
+    assert server.http.get("/health").json() == {"status": "ok", "running": True, "problems": []}

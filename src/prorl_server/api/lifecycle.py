@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.protocol import HandlerInfo, HealthResponse, LifecycleResponse, StatusResponse
@@ -34,10 +34,21 @@ async def status(state: State) -> StatusResponse:
     return state.orchestrator.status()
 
 
-@router.get("/health", response_model=HealthResponse)
-async def health(state: State) -> HealthResponse:
-    """Liveness: answers while the process serves HTTP, running or stopped."""
-    return HealthResponse(status="ok", running=state.orchestrator.running)
+@router.get(
+    "/health",
+    response_model=HealthResponse,
+    responses={503: {"model": HealthResponse, "description": "Degraded: see `problems`."}},
+)
+async def health(state: State, response: Response) -> HealthResponse:
+    """200 `ok` while the server can do its work, running or stopped; 503 `degraded` with the problems while
+    it cannot (a stage's loop down or blocked, a stage's workers all taken by stuck handler calls, jobs past
+    their budget that have not ended, every LLM backend unhealthy)."""
+    problems = state.orchestrator.problems()
+    if problems:
+        response.status_code = 503
+    return HealthResponse(
+        status="degraded" if problems else "ok", running=state.orchestrator.running, problems=problems
+    )
 
 
 @router.get("/handlers", response_model=list[HandlerInfo])

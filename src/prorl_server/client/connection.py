@@ -44,9 +44,11 @@ class ServerConnection:
         params: dict[str, Any] | None = None,
         timeout: float | httpx.Timeout | None = None,
         accept_on_retry: frozenset[int] = frozenset(),
+        accept: frozenset[int] = frozenset(),
     ) -> httpx.Response:
-        """Send a request, retrying per the policy; return a 2xx answer (or, on a retry, one whose status is
-        in `accept_on_retry`), else raise RolloutServerError. `timeout` overrides the read timeout."""
+        """Send a request, retrying per the policy; return a 2xx answer (or one whose status is in `accept`,
+        or, on a retry, in `accept_on_retry`), else raise RolloutServerError. `timeout` overrides the read
+        timeout."""
         started = time.monotonic()
         kwargs: dict[str, Any] = {"json": json, "params": params}
         if timeout is not None:
@@ -61,7 +63,11 @@ class ServerConnection:
             except httpx.TransportError as exc:
                 failure: httpx.Response | httpx.TransportError = exc
             else:
-                if response.status_code < 400 or (attempt > 1 and response.status_code in accept_on_retry):
+                if (
+                    response.status_code < 400
+                    or response.status_code in accept
+                    or (attempt > 1 and response.status_code in accept_on_retry)
+                ):
                     return response
                 if not self.retry.retryable_status(response.status_code):
                     raise RolloutServerError.from_response(response, _attempts_note(attempt, started))

@@ -365,9 +365,12 @@ class RolloutClient:
         return await self._status(self._one(server))
 
     async def health(self, *, server: str | None = None) -> HealthResponse:
-        """`GET /health`."""
-        response = await self._conn(self._one(server)).request("GET", "/health")
-        return HealthResponse.model_validate(response.json())
+        """`GET /health`: `status` is `ok`, or `degraded` (the server answered 503) with its `problems`."""
+        response = await self._conn(self._one(server)).request("GET", "/health", accept=frozenset({503}))
+        try:
+            return HealthResponse.model_validate(response.json())
+        except ValueError as exc:  # a 503 from something else than a prorl-server (a proxy)
+            raise RolloutServerError.from_response(response, "") from exc
 
     async def handlers(self, *, server: str | None = None) -> list[HandlerInfo]:
         """`GET /handlers`: data sources and whether their handler loaded."""

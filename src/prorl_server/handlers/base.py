@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from prorl_server.handlers.context import JobContext
-from prorl_server.handlers.failure import exception_location, short_traceback
+from prorl_server.handlers.failure import exception_location, exception_message, short_traceback
 from prorl_server.protocol import ErrorInfo, JobResult
 
 # Keys of `sampling_params` that configure the agent rather than vLLM; they are moved to
@@ -70,7 +70,7 @@ def default_error(stage: str, exc: BaseException) -> ErrorInfo:
     return ErrorInfo(
         stage=stage,
         type=type(exc).__name__,
-        message=str(exc) or repr(exc),
+        message=exception_message(exc),
         location=exception_location(exc),
         traceback=short_traceback(exc),
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
+from prorl_server.handlers.failure import cancel_requested
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
 from prorl_server.protocol import Trajectory
@@ -189,6 +190,11 @@ class JobContext:
         """True once the job has ended (finished, timed out or cancelled)."""
         return self._finished
 
+    @property
+    def has_cleanups(self) -> bool:
+        """Whether cleanups are registered for the next release."""
+        return bool(self._release_callbacks)
+
     def on_release(self, callback: ReleaseCallback) -> None:
         """Register a resource cleanup (sync or async), run right after RUN, or on failure/cancel.
 
@@ -200,7 +206,7 @@ class JobContext:
             return
         try:
             outcome = callback()
-        except Exception:
+        except BaseException:  # whatever a cleanup raises (SystemExit too) is logged, never raised
             log.exception("release callback of job %s failed", self.job_id)
             return
         if not inspect.isawaitable(outcome):
@@ -229,7 +235,9 @@ class JobContext:
                 outcome = callback()
                 if inspect.isawaitable(outcome):
                     await outcome
-            except Exception:
+            except BaseException as exc:  # whatever a cleanup raises (SystemExit too) is logged, never raised
+                if isinstance(exc, asyncio.CancelledError) and cancel_requested():
+                    raise
                 log.exception("release callback of job %s failed", self.job_id)
         self.sandbox = None
         self.llm.close()
@@ -294,5 +302,7 @@ async def _logged(outcome: Awaitable[None], job_id: str) -> None:
     """Await a cleanup; its error is logged, never raised."""
     try:
         await outcome
-    except Exception:
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError) and cancel_requested():
+            raise
         log.exception("release callback of job %s failed", job_id)

@@ -7,6 +7,7 @@ is located at the handler's line that called them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sysconfig
 import traceback
@@ -17,6 +18,8 @@ TRACEBACK_FRAMES = 5
 """Innermost frames kept in a result's `error.traceback`."""
 TRACEBACK_MAX_CHARS = 2000
 """Characters of a result's `error.traceback` at most (its end is kept)."""
+MESSAGE_MAX_CHARS = 2000
+"""Characters of an exception's message in a result's `error.message` at most."""
 _EXCEPTION_LINE_MAX_CHARS = 500
 
 _SERVER_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
@@ -73,6 +76,19 @@ def import_error_location(exc: BaseException) -> str | None:
     return handler_location(exc)
 
 
+def exception_message(exc: BaseException) -> str:
+    """`str(exc)`, else `repr(exc)` when that is empty, at most MESSAGE_MAX_CHARS characters; never raises
+    (an exception whose `__str__` or `__repr__` raises is described by its type)."""
+    try:
+        text = str(exc) or repr(exc)
+    except BaseException as str_exc:  # a hostile __str__ may raise anything
+        try:
+            text = repr(exc)
+        except BaseException:
+            text = f"<{type(exc).__name__} object: its __str__ and __repr__ raised {type(str_exc).__name__}>"
+    return text if len(text) <= MESSAGE_MAX_CHARS else text[: MESSAGE_MAX_CHARS - 3] + "..."
+
+
 def short_traceback(exc: BaseException) -> str | None:
     """The last TRACEBACK_FRAMES frames of `exc` and its exception line, at most TRACEBACK_MAX_CHARS
     characters (the end is kept); None without a traceback."""
@@ -91,3 +107,13 @@ def short_traceback(exc: BaseException) -> str | None:
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "..." + text[-(TRACEBACK_MAX_CHARS - 3) :]
     return text
+
+
+def cancel_requested() -> bool:
+    """Whether the running task has a cancellation pending (someone called its `cancel()`): a CancelledError
+    it sees then is that request, while one raised with no request pending is a handler's own doing."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a worker thread
+        return False
+    return task is not None and task.cancelling() > 0

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
@@ -200,11 +200,31 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily("prorl_stage_queue_depth", "Jobs waiting in a stage's queue.", labels=["stage"])
         busy = GaugeMetricFamily("prorl_stage_busy_workers", "A stage's workers busy with a job.", labels=["stage"])
         workers = GaugeMetricFamily("prorl_stage_workers", "A stage's workers.", labels=["stage"])
+        stuck = GaugeMetricFamily(
+            "prorl_stage_stuck_handler_calls",
+            "Handler calls still running after their job ended (blocked threads, tasks ignoring cancellation).",
+            labels=["stage"],
+        )
+        stuck_threads = CounterMetricFamily(
+            "prorl_stage_stuck_threads",
+            "Threads left to a plain-def handler method that outlived its job's cancel grace (each replaced).",
+            labels=["stage"],
+        )
+        restarts = CounterMetricFamily(
+            "prorl_stage_loop_restarts", "Times a stage's event loop died and was restarted.", labels=["stage"]
+        )
         for stage in STAGES:
+            pool = orchestrator.pools[stage]
             depth.add_metric([stage.value], status.queues[stage])
             busy.add_metric([stage.value], status.busy_workers[stage])
             workers.add_metric([stage.value], status.workers[stage])
-        yield from (depth, busy, workers)
+            stuck.add_metric([stage.value], status.stuck_calls[stage])
+            stuck_threads.add_metric([stage.value], pool.stuck_total)
+            restarts.add_metric([stage.value], status.loop_restarts[stage])
+        yield from (depth, busy, workers, stuck, stuck_threads, restarts)
+        yield _gauge(
+            "prorl_degraded", "1 while GET /health answers 503 degraded (see GET /status).", bool(status.problems)
+        )
         live = GaugeMetricFamily("prorl_jobs_live", "Jobs admitted and not yet ended, by status.", labels=["status"])
         for state in LIVE_STATUSES:
             live.add_metric([state], status.jobs.get(state, 0))

@@ -16,6 +16,7 @@ class CrossLoopSemaphore:
         self._value = value
         self._lock = threading.Lock()
         self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = collections.deque()
+        self._granting: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}  # handed over, not yet taken
 
     @property
     def available(self) -> int:
@@ -47,13 +48,27 @@ class CrossLoopSemaphore:
                 loop, future = self._waiters.popleft()
                 try:
                     loop.call_soon_threadsafe(self._grant, future)
-                    return
                 except RuntimeError:  # that waiter's loop is closed
                     continue
+                self._granting[future] = loop
+                return
             self._value += 1
 
     def _grant(self, future: asyncio.Future[None]) -> None:
+        with self._lock:
+            if self._granting.pop(future, None) is None:  # taken back by abandon_loop
+                return
         if future.cancelled():
             self.release()
         else:
             future.set_result(None)
+
+    def abandon_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop` died: forget its waiters, and take back the permits handed to them that it never delivered."""
+        with self._lock:
+            self._waiters = collections.deque((lp, f) for lp, f in self._waiters if lp is not loop)
+            lost = [future for future, lp in self._granting.items() if lp is loop]
+            for future in lost:
+                del self._granting[future]
+        for _ in lost:
+            self.release()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import inspect
 import math
 import threading
@@ -12,8 +10,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_server.handlers import AgentHandler
+from prorl_server.handlers import AgentHandler, JobContext
+from prorl_server.handlers.failure import cancel_requested, exception_message
+from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.pipeline.stages import Stage
+
+
+class HandlerFault(Exception):
+    """A handler method raised what `except Exception` does not catch: SystemExit, KeyboardInterrupt,
+    GeneratorExit, a CancelledError nobody asked for, a BaseException of its own. Carried as an ordinary
+    exception, it fails the job (the handler's exception hooks never see it) instead of unwinding the
+    stage's worker or event loop. `original` is what the handler raised."""
+
+    def __init__(self, method: str, original: BaseException) -> None:
+        super().__init__(method, original)
+        self.method = method
+        self.original = original
+
+    def __str__(self) -> str:
+        return f"{self.method}() raised {type(self.original).__name__}: {exception_message(self.original)}"
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,7 @@ class HandlerMethod:
     cheap and synchronous); otherwise an `async def` is awaited and a plain one runs on the executor.
     """
 
+    name: str
     fn: Callable[..., Any]
     is_async: bool
     overridden: bool
@@ -33,19 +49,42 @@ class HandlerMethod:
         """Look up `handler.<name>`."""
         fn = getattr(handler, name)
         overridden = getattr(type(handler), name) is not getattr(AgentHandler, name)
-        return cls(fn, inspect.iscoroutinefunction(fn), overridden)
+        return cls(name, fn, inspect.iscoroutinefunction(fn), overridden)
 
-    async def call(self, *args: Any, executor: concurrent.futures.Executor | None) -> Any:
-        """Call the method with `args` (see the class docstring for where it runs)."""
+    async def call(self, ctx: JobContext, *args: Any, threads: HandlerThreads) -> Any:
+        """Call the method with `ctx` and `args` (see the class docstring for where it runs).
+
+        An `Exception` it raises propagates as is; anything else it raises becomes a HandlerFault. A
+        cancellation of the calling task (the server's) propagates as CancelledError."""
         if not self.overridden:
-            return self.fn(*args)
-        if self.is_async:
-            return await self.fn(*args)
-        loop = asyncio.get_running_loop()
-        outcome = await loop.run_in_executor(executor, functools.partial(self.fn, *args))
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        return outcome
+            return self.fn(ctx, *args)
+        task = asyncio.current_task()
+        try:
+            if self.is_async:
+                return await self.fn(ctx, *args)
+            ok, outcome = await threads.run(self.fn, ctx, *args, owner=ctx.job_id)
+            if not ok:
+                if isinstance(outcome, StopIteration):  # it cannot travel through a coroutine (PEP 479)
+                    raise HandlerFault(self.name, outcome)
+                raise outcome
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            return outcome
+        except Exception:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and cancel_requested():
+                raise
+            if isinstance(exc, GeneratorExit) and _current_task() is not task:
+                raise  # this coroutine is being closed (garbage-collected after its loop died): let it
+            raise HandlerFault(self.name, exc) from exc
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
 
 
 @dataclass(frozen=True)

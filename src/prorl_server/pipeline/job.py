@@ -60,6 +60,7 @@ class Job:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[JobResult]]] = []
         self._task: asyncio.Task[Any] | None = None
         self._task_loop: asyncio.AbstractEventLoop | None = None
+        self.interrupted: asyncio.Future[None] | None = None  # done once the running stage is interrupted
         self._holds_ready_permit = False
         self._final_release_claimed = False
 
@@ -83,6 +84,7 @@ class Job:
             self._move_locked(JobStatus(self.next_stage))
             self._task = task
             self._task_loop = task.get_loop()
+            self.interrupted = self._task_loop.create_future()
             self.ctx.stage = self.next_stage
             return True
 
@@ -91,6 +93,7 @@ class Job:
         with self._lock:
             self._task = None
             self._task_loop = None
+            self.interrupted = None
 
     def queue_for(self, stage: Stage) -> bool:
         """In a stage -> QUEUED for `stage`; False if the job ended meanwhile."""
@@ -136,11 +139,11 @@ class Job:
     def interrupt(self) -> bool:
         """Cancel the running stage task from any thread; False when no stage is running."""
         with self._lock:
-            task, loop = self._task, self._task_loop
-        if task is None or loop is None:
+            task, loop, interrupted = self._task, self._task_loop, self.interrupted
+        if task is None or loop is None or interrupted is None:
             return False
         try:
-            loop.call_soon_threadsafe(task.cancel)
+            loop.call_soon_threadsafe(_interrupt, task, interrupted)
         except RuntimeError:  # the loop closed: the stage is gone already
             return False
         return True
@@ -154,6 +157,12 @@ class Job:
             future: asyncio.Future[JobResult] = loop.create_future()
             self._waiters.append((loop, future))
         return await future
+
+
+def _interrupt(task: asyncio.Task[Any], interrupted: asyncio.Future[None]) -> None:
+    task.cancel()
+    if not interrupted.done():
+        interrupted.set_result(None)
 
 
 def _resolve(future: asyncio.Future[JobResult], result: JobResult) -> None:

@@ -1,29 +1,39 @@
-"""A thread that owns one asyncio event loop."""
+"""A thread that owns one asyncio event loop, and says when that loop died or stalls."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+HEARTBEAT_S = 1.0
+"""How often a running loop marks that it turns (see `LoopThread.stalled_s`)."""
+
 
 class LoopThread:
     """Runs an event loop on a dedicated daemon thread until `stop()`.
 
-    Other threads hand work over with `submit` (a coroutine) or `call_soon` (a callback).
+    Other threads hand work over with `submit` (a coroutine) or `call_soon` (a callback). If the loop ends
+    without `stop()` (code on it called `loop.stop()`, or a SystemExit or KeyboardInterrupt escaped one of
+    its tasks or callbacks), `on_death(error)` is called on the dying thread once the loop is closed.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_death: Callable[[BaseException | None], None] | None = None) -> None:
         self.name = name
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._on_death = on_death
+        self._stopping = False
+        self._last_beat = time.monotonic()
 
     def start(self) -> None:
         """Start the thread and wait until its loop runs."""
@@ -39,11 +49,33 @@ class LoopThread:
         asyncio.set_event_loop(loop)
         self.loop = loop
         loop.call_soon(self._ready.set)
+        loop.call_soon(self._beat, loop)
+        error: BaseException | None = None
         try:
             loop.run_forever()
-        finally:
+        except BaseException as exc:  # a SystemExit or KeyboardInterrupt that escaped a task or callback
+            error = exc
+        try:
+            if not self._stopping:
+                if self._on_death is not None:
+                    self._on_death(error)
+                _unwind(loop, self.name)
             loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException:
+            log.exception("cleaning up the loop of %s failed", self.name)
+        finally:
             loop.close()
+
+    def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._last_beat = time.monotonic()
+        loop.call_later(HEARTBEAT_S, self._beat, loop)
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds the loop is late to turn (0 while it turns at least every HEARTBEAT_S): something blocks it."""
+        if not self.alive:
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_beat - HEARTBEAT_S)
 
     @property
     def alive(self) -> bool:
@@ -64,13 +96,17 @@ class LoopThread:
         """Cancel every task on the loop, let them unwind, stop the loop and join the thread."""
         if self._thread is None or self.loop is None:
             return
+        self._stopping = True
         loop = self.loop
         if loop.is_running():
             try:
-                self.submit(_cancel_all_tasks()).result(timeout)
+                left = self.submit(_cancel_all_tasks(timeout)).result(timeout + 1)
             except (concurrent.futures.TimeoutError, RuntimeError):
+                left = -1
+            if left:
                 log.warning("tasks on %s did not finish within %.1fs of cancellation", self.name, timeout)
-            loop.call_soon_threadsafe(loop.stop)
+            with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("loop thread %s did not exit within %.1fs", self.name, timeout)
@@ -87,10 +123,31 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-async def _cancel_all_tasks() -> None:
+DEAD_LOOP_UNWIND_S = 1.0
+"""Seconds the tasks of a loop that died get to unwind after their cancellation, before it is closed."""
+
+
+def _unwind(loop: asyncio.AbstractEventLoop, name: str) -> None:
+    """Cancel the tasks left on a dead loop and run it until they end (at most DEAD_LOOP_UNWIND_S), so that
+    their `finally` blocks run now rather than at garbage collection on a closed loop."""
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        try:
+            loop.run_until_complete(asyncio.wait(tasks, timeout=DEAD_LOOP_UNWIND_S))
+        except BaseException:  # the code that killed the loop may do it again while it unwinds
+            log.warning("the tasks of the dead loop %s did not unwind", name, exc_info=True)
+
+
+async def _cancel_all_tasks(timeout: float) -> int:
+    """Cancel every other task of the running loop and wait up to `timeout` for them to end; returns how
+    many did not."""
     current = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     for task in tasks:
         task.cancel()
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    return len(pending)

@@ -5,6 +5,11 @@ INIT's ready-for-RUN permit, start the handler's method), waiting within the job
 (timeout, stale, failure, or on to the next stage: `_advance`; EVAL's value completes it). A job ends in
 `_end` (from inside a stage) or `_cancel_job` (from any thread). Its resources are released in `_release`
 only.
+
+Handler code is contained: whatever a handler method raises ends its job only (see HandlerFault), every
+wait on handler code after a job's end is bounded by the cancel grace (`_settle`, `_call_handler`,
+`_release`), and a stage whose event loop dies has its jobs failed (`_stage_loop_died`) and is restarted by
+its StagePool. `problems` says what makes the server degraded.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -25,12 +31,18 @@ from prorl_server.handlers import (
     JobContext,
     default_error,
 )
-from prorl_server.handlers.failure import exception_location, short_traceback
+from prorl_server.handlers.failure import exception_location, exception_message, short_traceback
 from prorl_server.llm import BackendPool, LLMSession
 from prorl_server.llm.judge import JudgePool
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
-from prorl_server.pipeline.handler_calls import HandlerMethodCache, HandlerMethods, parse_eval_outcome
+from prorl_server.pipeline.handler_calls import (
+    HandlerFault,
+    HandlerMethod,
+    HandlerMethodCache,
+    HandlerMethods,
+    parse_eval_outcome,
+)
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
@@ -38,6 +50,7 @@ from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.submission import AdmissionLog, FinishedJob, request_digest
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
+    TERMINAL_STATUSES,
     ErrorInfo,
     JobResult,
     JobStatus,
@@ -80,7 +93,14 @@ class Orchestrator:
         sizes = {Stage.INIT: settings.init_workers, Stage.RUN: settings.run_workers, Stage.EVAL: settings.eval_workers}
         self._handler_methods = HandlerMethodCache()
         self.pools = {
-            stage: StagePool(stage, sizes[stage], self._stage_processor(stage), backends.client.aclose_current_loop)
+            stage: StagePool(
+                stage,
+                sizes[stage],
+                self._stage_processor(stage),
+                backends.client.aclose_current_loop,
+                grace_s=settings.cancel_grace_s,
+                on_loop_death=self._stage_loop_died,
+            )
             for stage in STAGES
         }
         self._ready_limit = settings.max_ready_for_run or settings.run_workers
@@ -233,6 +253,11 @@ class Orchestrator:
 
     # queries --------------------------------------------------------------------------------------
 
+    @property
+    def ready_permits(self) -> tuple[int, int]:
+        """(free, total) ready-for-RUN permits (INIT runs ahead of RUN by at most `total` jobs)."""
+        return self._ready_gate.available, self._ready_limit
+
     def lookup(self, job_id: str) -> tuple[JobStatus, JobResult | None] | None:
         """(status, result or None) of a live or stored job, or None if unknown."""
         with self._lock:
@@ -252,6 +277,7 @@ class Orchestrator:
         jobs["stored_results"] = len(self.results)
         registered, healthy = self.backends.counts()
         waiting, admitted = self.backends.admission_counts()
+        problems = self.problems(live, registered, healthy)
         return StatusResponse(
             running=self.running,
             queues={s: p.depth for s, p in self.pools.items()},
@@ -269,7 +295,40 @@ class Orchestrator:
                 waiting_calls=waiting,
                 admitted_calls=admitted,
             ),
+            health="degraded" if problems else "ok",
+            problems=problems,
+            stuck_calls={s: p.stuck for s, p in self.pools.items()},
+            loop_restarts={s: p.restarts for s, p in self.pools.items()},
         )
+
+    def problems(self, live: list[Job] | None = None, registered: int = 0, healthy: int = 0) -> list[str]:
+        """What makes the server degraded now (empty: healthy); see StatusResponse.problems."""
+        if live is None:
+            with self._lock:
+                live = list(self._live.values())
+            registered, healthy = self.backends.counts()
+        problems = []
+        if self.running:
+            for stage, pool in self.pools.items():
+                if not pool.running:
+                    problems.append(f"the {stage} stage's event loop is not running")
+                elif pool.stalled_s > STALL_S:
+                    problems.append(
+                        f"the {stage} stage's event loop has not turned for {pool.stalled_s:.0f}s: handler code "
+                        "blocks it (a blocking call in an async def?)"
+                    )
+                if pool.stuck >= pool.workers:
+                    problems.append(
+                        f"the {stage} stage has {pool.stuck} handler calls still running after their jobs ended "
+                        f"(as many as its {pool.workers} workers): blocked threads or tasks that ignore cancellation"
+                    )
+        grace = self.settings.cancel_grace_s
+        overdue = sum(1 for job in live if job.timer.overdue_s() > grace + OVERDUE_SLACK_S)
+        if overdue:
+            problems.append(f"{overdue} jobs are past their budget and the cancel grace and have not ended")
+        if registered and not healthy:
+            problems.append(f"all {registered} LLM backends fail their health checks")
+        return problems
 
     # cancellation ---------------------------------------------------------------------------------
 
@@ -309,12 +368,36 @@ class Orchestrator:
                 await self._run_stage(stage, job)
             except Exception as exc:  # a bug here must still end the job, never leave its caller waiting
                 log.exception("internal error in %s stage of job %s", stage, job.id)
-                message = f"prorl-server internal error ({type(exc).__name__}: {exc}); please report it"
-                await self._end(
-                    job, JobStatus.FAILED, error=ErrorInfo(stage=stage, type="InternalError", message=message)
+                message = (
+                    f"prorl-server internal error ({type(exc).__name__}: {exception_message(exc)}); please report it"
                 )
+                await self._end_or_force(job, ErrorInfo(stage=stage, type="InternalError", message=message))
 
         return process
+
+    async def _end_or_force(self, job: Job, error: ErrorInfo) -> None:
+        """Fail the job with `error` through `_end`; if even that raises, store a bare failed result."""
+        try:
+            await self._end(job, JobStatus.FAILED, error=error)
+        except Exception:
+            log.exception("ending job %s failed; storing a bare failed result", job.id)
+            if job.finish(self._bare_result(job, error)):
+                self._store(job)
+
+    def _stage_loop_died(self, jobs: list[Job], dead_loop: asyncio.AbstractEventLoop, why: str) -> None:
+        """A stage's event loop died and was restarted: fail the jobs that were inside it (on the new loop)."""
+        self._ready_gate.abandon_loop(dead_loop)
+        for job in jobs:
+            stage = job.ctx.stage or job.next_stage
+            error = ErrorInfo(
+                stage=stage,
+                type="StageLoopDied",
+                message=f"the {stage} stage's event loop died while the job was in it ({why}); the server "
+                "restarted the stage",
+            )
+            job.leave_stage()
+            job.timer.pause()
+            self.pools[Stage(stage)].spawn(self._end_or_force(job, error))
 
     async def _run_stage(self, stage: Stage, job: Job) -> None:
         """One stage of a job: enter it, wait for the handler's method within the job's budget, leave it."""
@@ -323,10 +406,10 @@ class Orchestrator:
             await self._release(job)
             return
         try:
-            done = await _wait_within_budget(task, job.timer)
+            done = await _wait_within_budget(task, job.timer, job.interrupted)
         except asyncio.CancelledError:  # the pool is shutting down
             task.cancel()
-            await self._settle(task)
+            await self._settle(stage, job, task, None)
             job.timer.pause()
             job.leave_stage()
             await self._release(job)
@@ -349,7 +432,7 @@ class Orchestrator:
             self._ready_gate.release()
         job.ctx._loop = asyncio.get_running_loop()
         method = job.methods.stage(stage)
-        task = asyncio.ensure_future(method.call(job.ctx, executor=self.pools[stage].executor))
+        task = asyncio.ensure_future(method.call(job.ctx, threads=self.pools[stage].threads))
         try:
             entered = job.enter_stage(task)
         except BaseException:  # an illegal transition (a bug): the task must not run unseen
@@ -364,18 +447,25 @@ class Orchestrator:
     async def _leave_stage(self, stage: Stage, job: Job, task: asyncio.Task[Any], done: bool) -> None:
         """Decide where the job goes after its stage task: ended (timeout, stale, failed, completed, or
         ended elsewhere meanwhile) or on to the next stage."""
+        grace = self.settings.cancel_grace_s
         if not done:
             task.cancel()
-            await self._settle(task)
+            stuck = await self._settle(stage, job, task, _now() + grace)
+            message = f"the job used up its {job.timer.budget_s:g}s budget during {stage}{stuck}"
+            error = ErrorInfo(stage=stage, type="Timeout", message=message)
+            await self._end(job, JobStatus.TIMEOUT, error=error, deadline=_now() + grace)
+            return
+        if job.terminal:  # cancelled or stopped meanwhile: its result is decided
+            await self._settle(stage, job, task, _now() + grace)
+            await self._release(job)
+            return
+        if task.cancelled():  # not by the server: the handler cancelled its own task
             error = ErrorInfo(
                 stage=stage,
-                type="Timeout",
-                message=f"the job used up its {job.timer.budget_s:g}s budget during {stage}",
+                type="CancelledError",
+                message=f"{stage}() was cancelled, not by the server (did the handler cancel its own task?)",
             )
-            await self._end(job, JobStatus.TIMEOUT, error=error)
-            return
-        if task.cancelled() or job.terminal:  # cancelled or stopped meanwhile: its result is decided
-            await self._release(job)
+            await self._end(job, JobStatus.FAILED, error=error)
             return
         exc = task.exception()
         if job.ctx.llm.stale is not None:  # bounded staleness ended it, whatever the handler made of that
@@ -385,6 +475,9 @@ class Orchestrator:
             return
         if exc is None:
             await self._complete_stage(stage, job, task.result())
+            return
+        if isinstance(exc, HandlerFault):  # SystemExit and the like: the hooks are for the handler's exceptions
+            await self._end(job, JobStatus.FAILED, error=fault_error(stage, exc), exc=exc.original)
             return
         error = await self._stage_exception(job, stage, exc)
         if error is not None:
@@ -418,33 +511,90 @@ class Orchestrator:
         self.pools[nxt].put(job)
 
     async def _stage_exception(self, job: Job, stage: Stage, exc: BaseException) -> ErrorInfo | None:
+        """The handler's exception hook for `stage` decides what `exc` makes of the job (within the job's
+        budget and the cancel grace; a hook that raises or overruns fails it with both messages)."""
         hook = job.methods.exception_hook(stage)
-        try:
-            return await hook.call(job.ctx, exc, executor=self.pools[stage].executor)
-        except Exception as hook_exc:
-            log.exception("%s of handler %s raised", stage.exception_hook, type(job.handler).__name__)
-            return ErrorInfo(
-                stage=stage,
-                type=type(exc).__name__,
-                message=f"{exc} (and {stage.exception_hook} raised {type(hook_exc).__name__}: {hook_exc})",
-            )
+        done, outcome = await self._call_handler(job, stage, hook, exc, deadline=self._end_deadline(job))
+        if done and not isinstance(outcome, BaseException):
+            return outcome
+        problem = (
+            f"{type(outcome).__name__}: {exception_message(outcome)}"
+            if done
+            else "did not return within the job's budget"
+        )
+        log.warning("%s of handler %s %s", stage.exception_hook, type(job.handler).__name__, problem)
+        return ErrorInfo(
+            stage=stage,
+            type=type(exc).__name__,
+            message=f"{exception_message(exc)} (and {stage.exception_hook} {'raised ' if done else ''}{problem})",
+        )
 
-    async def _settle(self, task: asyncio.Task[Any]) -> None:
-        """Give a cancelled task `cancel_grace_s` to unwind."""
+    async def _call_handler(
+        self, job: Job, stage: Stage, method: HandlerMethod, *args: Any, deadline: float | None
+    ) -> tuple[bool, Any]:
+        """Call a handler method that is not a stage (an exception hook, `final_result`) until `deadline`:
+        (True, its value or the Exception it raised), or (False, None) when it overran and was cancelled."""
+        task = asyncio.ensure_future(method.call(job.ctx, *args, threads=self.pools[stage].threads))
+        timeout = None if deadline is None else max(0.0, deadline - _now())
+        await asyncio.wait({task}, timeout=timeout)
         if not task.done():
-            await asyncio.wait({task}, timeout=self.settings.cancel_grace_s)
-            if not task.done():
-                log.warning("a handler ignored cancellation for %.1fs", self.settings.cancel_grace_s)
+            task.cancel()
+            await self._settle(stage, job, task, deadline)
+            return False, None
+        if task.cancelled():
+            return True, HandlerFault(method.name, asyncio.CancelledError())
+        exc = task.exception()
+        return (True, exc) if exc is not None else (True, task.result())
+
+    async def _settle(self, stage: Stage, job: Job, task: asyncio.Task[Any], deadline: float | None) -> str:
+        """Give a cancelled handler task until `deadline` to unwind. Returns what the job's error should add
+        when it did not (a task ignoring cancellation, a thread stuck in a plain-def method), else ""."""
+        pool = self.pools[stage]
+        if deadline is None:
+            deadline = _now() + self.settings.cancel_grace_s
+        if not task.done():
+            await asyncio.wait({task}, timeout=max(0.0, deadline - _now()))
+        thread = await pool.threads.settle(job.id, max(0.0, deadline - _now()))
+        if thread is not None:
+            return (
+                f"; its plain-def method did not return within the {self.settings.cancel_grace_s:g}s cancel grace: "
+                f"thread {thread} is left to it and replaced ({pool.threads.stuck} stuck in this stage)"
+            )
+        if not task.done():
+            pool.keep_stuck(task)
+            log.warning("a handler of job %s ignored cancellation for %.1fs", job.id, self.settings.cancel_grace_s)
+            return (
+                f"; the handler ignored cancellation for the {self.settings.cancel_grace_s:g}s cancel grace and goes "
+                f"on running on the {stage} loop ({pool.stuck} such calls in this stage)"
+            )
+        return ""
+
+    def _end_deadline(self, job: Job) -> float | None:
+        """When the job must have ended: what is left of its budget plus the cancel grace (None: no budget)."""
+        remaining = job.timer.remaining()
+        return None if remaining is None else _now() + remaining + self.settings.cancel_grace_s
 
     # ending and releasing -------------------------------------------------------------------------
 
-    async def _release(self, job: Job) -> None:
+    async def _release(self, job: Job, deadline: float | None = None) -> None:
         """Release the job's resources (its `ctx.on_release` cleanups, its backend pin): the only place
         that does. Reached after RUN (sandboxes go before EVAL) and, however the job ended, once it has:
-        that final release runs once (the first path to reach it), the other paths skip it."""
+        that final release runs once (the first path to reach it), the other paths skip it.
+
+        Waits until `deadline` at most (at most the cancel grace from now); cleanups still running then go
+        on in the background."""
         if job.ctx.finished and not job.claim_final_release():
             return
-        await job.ctx.release()
+        if not job.ctx.has_cleanups:  # nothing of the handler's to wait for
+            await job.ctx.release()
+            return
+        task = asyncio.ensure_future(job.ctx.release())
+        limit = _now() + self.settings.cancel_grace_s
+        timeout = max(0.0, min(limit, deadline if deadline is not None else limit) - _now())
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            log.warning("the release callbacks of job %s are still running after %.1fs; going on", job.id, timeout)
+            self.pools[Stage(job.ctx.stage or job.next_stage)].keep_stuck(task)
 
     async def _end(
         self,
@@ -455,20 +605,21 @@ class Orchestrator:
         reward: float | None = None,
         details: dict[str, Any] | None = None,
         exc: BaseException | None = None,
+        deadline: float | None = None,
     ) -> None:
         """End the job from inside a stage with this outcome (through `final_result`); a failed or timed-out
-        job is logged once, at WARNING, with `exc`'s traceback when it ended on an exception."""
+        job is logged once, at WARNING, with `exc`'s traceback when it ended on an exception.
+
+        Release and `final_result` share the time until `deadline` (default: the rest of the job's budget
+        plus the cancel grace); a `final_result` that overruns it fails the job."""
+        if deadline is None:
+            deadline = self._end_deadline(job)
         job.ctx.finish()  # first: what a stage still running acquires after this release is released at once
-        await self._release(job)
+        await self._release(job, deadline)
         result = self._result(job, status, error=error, reward=reward, details=details)
-        try:
-            executor = self.pools[job.ctx.stage].executor if job.ctx.stage in self.pools else None
-            result = await job.methods.final_result.call(job.ctx, result, executor=executor)
-            if not isinstance(result, JobResult):
-                raise TypeError(f"final_result() must return a JobResult, got {type(result).__name__}")
-        except Exception as final_exc:
-            exc = final_exc
-            result = self._result(job, JobStatus.FAILED, error=default_error("final_result", final_exc))
+        if status is not JobStatus.CANCELLED and job.methods.final_result.overridden:
+            result, final_exc = await self._final_result(job, result, deadline)
+            exc = final_exc or exc
         if job.finish(result):
             self._store(job)
             if result.status in (JobStatus.FAILED, JobStatus.TIMEOUT):
@@ -476,6 +627,26 @@ class Orchestrator:
             elif result.status is JobStatus.COMPLETED and result.trajectory.turns:
                 # only whole trajectories teach the predictor: a cut-off one would look shorter than it is
                 self.dispatch.observe_finished(view_of(result.trajectory, result.data_source or "", finished=True))
+
+    async def _final_result(
+        self, job: Job, result: JobResult, deadline: float | None
+    ) -> tuple[JobResult, BaseException | None]:
+        """The handler's `final_result` of `result`, or a failed result saying why it could not be used."""
+        stage = Stage(job.ctx.stage or job.next_stage)
+        done, outcome = await self._call_handler(job, stage, job.methods.final_result, result, deadline=deadline)
+        if not done:
+            message = "final_result() did not return within the job's budget and the cancel grace"
+            error = ErrorInfo(stage="final_result", type="Timeout", message=message)
+            return self._result(job, JobStatus.FAILED, error=error), None
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, HandlerFault):
+                return self._result(job, JobStatus.FAILED, error=fault_error("final_result", outcome)), outcome.original
+            return self._result(job, JobStatus.FAILED, error=default_error("final_result", outcome)), outcome
+        problem = _bad_final_result(outcome, job.id)
+        if problem is not None:
+            error = ErrorInfo(stage="final_result", type="TypeError", message=problem)
+            return self._result(job, JobStatus.FAILED, error=error), None
+        return outcome, None
 
     def _store(self, job: Job) -> None:
         assert job.result is not None
@@ -523,7 +694,7 @@ class Orchestrator:
             return JobResult(
                 status=status, eval=details or {}, artifacts=dict(job.ctx.artifacts), error=error, **fields
             )
-        except ValidationError as exc:
+        except (ValidationError, TypeError, ValueError) as exc:  # not JSON, or ctx.artifacts is no mapping
             fields["reward"] = None
             message = f"artifacts and eval details must be JSON values (str, number, bool, None, list, dict): {exc}"
             return JobResult(
@@ -531,6 +702,45 @@ class Orchestrator:
                 error=ErrorInfo(stage="result", type="InvalidResult", message=message),
                 **fields,
             )
+
+    def _bare_result(self, job: Job, error: ErrorInfo) -> JobResult:
+        """A failed result with `error` and nothing the handler could have spoilt (the last resort)."""
+        return JobResult(job_id=job.id, status=JobStatus.FAILED, error=error, data_source=job.ctx.data_source)
+
+
+def fault_error(stage: str, fault: HandlerFault) -> ErrorInfo:
+    """The error of a job whose handler raised what no `except Exception` catches (see HandlerFault)."""
+    original = fault.original
+    return ErrorInfo(
+        stage=stage,
+        type=type(original).__name__,
+        message=f"{fault.method}() raised {type(original).__name__}: {exception_message(original)}"
+        + _FAULT_NOTES.get(type(original), ""),
+        location=exception_location(original),
+        traceback=short_traceback(original),
+    )
+
+
+_FAULT_NOTES: dict[type[BaseException], str] = {
+    asyncio.CancelledError: " (raised by the handler, not a cancel the server asked for)",
+    SystemExit: " (sys.exit() in handler code: the server does not exit)",
+    KeyboardInterrupt: " (raised in handler code: the server goes on)",
+}
+
+
+def _bad_final_result(value: Any, job_id: str) -> str | None:
+    """Why `final_result`'s return value cannot be the job's result, or None if it can."""
+    if not isinstance(value, JobResult):
+        return f"final_result() must return a JobResult, got {type(value).__name__}"
+    if value.job_id != job_id:
+        return f"final_result() returned the result of job {value.job_id!r}, not of {job_id!r}"
+    if value.status not in TERMINAL_STATUSES:
+        return f"final_result() returned status {value.status.value!r}; a result's status must be terminal"
+    return None
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _with_origin(error: ErrorInfo, exc: BaseException) -> ErrorInfo:
@@ -558,19 +768,28 @@ def _different_request(job_id: str, state: str) -> str:
     )
 
 
+STALL_S = 10.0
+"""Seconds a stage's event loop may be late to turn before /health calls the server degraded."""
+OVERDUE_SLACK_S = 2.0
+"""Seconds past its budget and the cancel grace a live job may take to end before /health reports it."""
+
 _HELD_POLL_S = 0.5
 """How often a stage whose clock is held (its LLM call waits at a weight pause) looks at its budget again."""
 
 
-async def _wait_within_budget(task: asyncio.Future[Any], timer: PausableTimer) -> bool:
-    """Wait for a stage's task within the job's budget: True when it finished, False when the budget ran
-    out. Time the timer is held (a weight-update pause) does not count."""
+async def _wait_within_budget(
+    task: asyncio.Future[Any], timer: PausableTimer, interrupted: asyncio.Future[None] | None
+) -> bool:
+    """Wait for a stage's task within the job's budget: True when it finished or the job was interrupted
+    (cancelled: the task may still unwind), False when the budget ran out. Time the timer is held (a
+    weight-update pause) does not count."""
+    waited = {task} if interrupted is None else {task, interrupted}
     while True:
         remaining = timer.remaining()
         held = timer.held
         if remaining is not None and remaining <= 0 and not held:
             return task.done()
         timeout = _HELD_POLL_S if held else remaining
-        done, _ = await asyncio.wait({task}, timeout=timeout)
+        done, _ = await asyncio.wait(waited, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if done:
             return True

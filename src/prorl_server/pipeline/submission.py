@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from prorl_server.handlers import HandlerLoadError, HandlerRegistry, UnknownDataSource
-from prorl_server.handlers.failure import exception_location
+from prorl_server.handlers.failure import exception_location, exception_message
 from prorl_server.pipeline.errors import InvalidInstance
 from prorl_server.protocol import JobResult, ProcessRequest
 
@@ -49,13 +49,14 @@ def check_instance(registry: HandlerRegistry, instance: dict[str, Any]) -> None:
     except ValidationError as exc:
         raise InvalidInstance(f"instance refused by handler {data_source!r}: {_fields(exc)}") from exc
     except ValueError as exc:
-        raise InvalidInstance(f"instance refused by handler {data_source!r}: {_clip(str(exc) or repr(exc))}") from exc
-    except Exception as exc:
+        raise InvalidInstance(f"instance refused by handler {data_source!r}: {_clip(exception_message(exc))}") from exc
+    except BaseException as exc:  # SystemExit and the like too: a validator never takes the request down
         location = exception_location(exc)
         log.warning("validate_instance of handler %r crashed (at %s)", data_source, location, exc_info=exc)
         raise InvalidInstance(
             f"the instance validator of handler {data_source!r} crashed: {type(exc).__name__}: "
-            f"{_clip(str(exc))} (at {location}); this is a bug in the handler, not necessarily in the instance"
+            f"{_clip(exception_message(exc))} (at {location}); this is a bug in the handler, not necessarily in "
+            "the instance"
         ) from exc
     if inspect.isawaitable(outcome):
         if inspect.iscoroutine(outcome):

@@ -93,6 +93,12 @@ class PausableTimer:
             return None
         return max(0.0, self.budget_s - self.active_s)
 
+    def overdue_s(self) -> float:
+        """Seconds of stage time past the budget (0 within it or without one)."""
+        if self.budget_s is None:
+            return 0.0
+        return max(0.0, self.active_s - self.budget_s)
+
     def stage_seconds(self, stage: str) -> float:
         """Seconds booked to one stage (the running interval included, held time excluded)."""
         with self._lock:

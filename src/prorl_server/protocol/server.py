@@ -72,13 +72,29 @@ class StatusResponse(BaseModel):
     scheduling: SchedulingStatus | None = Field(
         default=None, description="The scheduling policies and admission gates (null from servers that predate them)."
     )
+    health: str = Field(default="ok", description="`ok`, or `degraded` when `problems` is not empty.")
+    problems: list[str] = Field(
+        default_factory=list,
+        description="What makes the server degraded: a stage's event loop that is down or does not turn, a stage "
+        "whose workers are all taken by handler calls that outlived their jobs, jobs past their budget that have "
+        "not ended, every LLM backend failing its health checks.",
+    )
+    stuck_calls: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per stage, handler calls still running after their job ended (threads blocked in a plain-def "
+        "method, tasks that ignored cancellation).",
+    )
+    loop_restarts: dict[str, int] = Field(
+        default_factory=dict, description="Per stage, times its event loop died (in handler code) and was restarted."
+    )
 
 
 class HealthResponse(BaseModel):
-    """Answer of `GET /health`."""
+    """Answer of `GET /health`: 200 with status `ok`, or 503 with status `degraded` and its `problems`."""
 
     status: str
     running: bool
+    problems: list[str] = Field(default_factory=list, description="Why the server is degraded (see GET /status).")
 
 
 class HandlerInfo(BaseModel):
