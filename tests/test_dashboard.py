@@ -83,6 +83,7 @@ def test_dashboard_shows_the_servers_numbers(chromium, start_server, backend):
             def shown(selector: str) -> str | None:
                 return page.text_content(selector)
 
+            assert not page.is_visible("#health") and not page.is_visible("#health-problems")
             for stage in ("init", "run", "eval"):
                 assert shown(f"#stage-{stage}-queue") == str(status["queues"][stage])
                 assert shown(f"#stage-{stage}-busy") == str(status["busy_workers"][stage])
@@ -142,3 +143,24 @@ def test_dashboard_data_and_metrics_need_the_key(start_server, backend):
     assert server.http.get("/dashboard/data", headers=good).json()["backends"][0]["address"] == backend.address
     metrics = server.http.get("/metrics", headers=good)
     assert metrics.status_code == 200 and "prorl_stage_queue_depth" in metrics.text
+
+
+def test_dashboard_says_when_the_server_is_degraded(chromium, start_server, start_backend):
+    from playwright.sync_api import sync_playwright
+
+    backend = start_backend()
+    server = start_server(
+        [backend.address], handlers={"multiturn": MultiTurnChatHandler()}, health_check_interval_s=0.2
+    )
+    backend.server.stop()
+    wait_for(lambda: server.http.get("/health").status_code == 503, 20, "the server degraded")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{server.url}/dashboard")
+            page.wait_for_selector("body[data-loaded='1']")
+            assert page.is_visible("#health") and page.text_content("#health") == "degraded"
+            assert page.text_content("#health-problems") == "all 1 LLM backends fail their health checks"
+        finally:
+            browser.close()

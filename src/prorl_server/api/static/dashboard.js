@@ -47,6 +47,10 @@ function renderPipeline(status) {
   const running = $("running");
   running.textContent = status.running ? "running" : "stopped";
   running.className = "pill " + (status.running ? "on" : "off");
+  const problems = status.problems ?? [];
+  $("health").hidden = problems.length === 0;
+  $("health-problems").hidden = problems.length === 0;
+  $("health-problems").textContent = problems.join("; ");
   $("results-held").textContent = status.jobs.stored_results ?? 0;
   $("calls-waiting").textContent = status.scheduling ? status.scheduling.waiting_calls : 0;
 }
