@@ -154,7 +154,7 @@ async def test_owner_tag_reaches_every_process_and_close_leaves_none(runtime: Ap
     await sh(sandbox, "sleep 300 & setsid sleep 301 & (sleep 302 &) ; echo started")
     for _ in range(100):  # setsid may not have exec'd sleep yet
         tagged = {p.pid: p for p in tagged_processes() if p.sandbox_id == sandbox.id}
-        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] for pid in tagged}
+        commands = {pid: args for pid in tagged if (args := command_of(pid)) is not None}
         sleeps = {args[1] for args in commands.values() if args[0] == b"sleep"}
         if len(sleeps) == 3:
             break
@@ -166,6 +166,15 @@ async def test_owner_tag_reaches_every_process_and_close_leaves_none(runtime: Ap
     await sandbox.close()
     assert not [p for p in tagged_processes() if p.sandbox_id == sandbox.id]
     assert not [pid for pid in tagged if running(pid)]
+
+
+def command_of(pid: int) -> list[bytes] | None:
+    """The program and first argument of `pid`; None once it has exited (a short-lived subshell may go between
+    listing the processes and reading this)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+    except OSError:
+        return None
 
 
 def running(pid: int) -> bool:
