@@ -39,7 +39,9 @@ class CrossLoopSemaphore:
             with self._lock:
                 if (loop, future) in self._waiters:  # not granted yet: just leave the line
                     self._waiters.remove((loop, future))
-            raise  # a grant already on its way is passed on by _grant
+            if future.done() and not future.cancelled():  # granted, then cancelled before it resumed: pass it on
+                self.release()
+            raise  # a grant still on its way is passed on by _grant
 
     def release(self) -> None:
         """Return a permit, from any thread."""

@@ -1,0 +1,262 @@
+"""ActionScheduler: one node's CPU pool, granted per action (ARL-Tangram's action-level scheduler).
+
+An action (a tool call, a test run, a sandbox start) asks for cores, a range when it can use more (its DoP),
+and memory (`ActionDemand`). `acquire` queues it, first come first served; each time the queue or the pool
+changes, `allocation.plan` decides which waiting actions start and with how many cores. `release` returns
+them and teaches the action kind's duration model (`elasticity`) how long it took with that many cores.
+
+Waiters may sit on different event loops (the server runs one per stage, each on its own thread): a grant is
+handed to its waiter's loop with `call_soon_threadsafe`; a waiter cancelled before it sees its grant passes
+it back. An action that could never fit the pool is refused at once (`ActionRefused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from prorl_server.actions.allocation import HORIZON, Duration, Pending, Running, plan
+from prorl_server.actions.elasticity import ElasticityModels
+
+UNKNOWN_DURATION_S = 1.0
+"""Seconds assumed for an action whose kind has no duration model yet (for the estimate only)."""
+
+
+class ActionRefused(ValueError):
+    """The action asks more than the pool can ever give (or asks nonsense); the message says what."""
+
+
+@dataclass(frozen=True)
+class ActionDemand:
+    """What an action asks: `kind` (its duration model's name), cores as a (minimum, maximum) DoP range (equal:
+    fixed), and memory in MiB."""
+
+    kind: str
+    cpu: tuple[int, int] = (1, 1)
+    memory_mb: int = 0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Cores and memory granted to one action, from `started`, after `queued_s` in the queue."""
+
+    id: int
+    kind: str
+    cpu: int
+    memory_mb: int
+    queued_s: float
+    started: float
+
+
+@dataclass(eq=False)
+class _Waiter:
+    demand: ActionDemand
+    pending: Pending
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Grant]
+
+
+@dataclass
+class Books:
+    """The pool's counts at one moment."""
+
+    cpus: int
+    free_cpu: int
+    memory_mb: int
+    free_memory_mb: int
+    waiting: int
+    running: int
+    granted_total: int
+    released_total: int
+    refused_total: int
+    queued_s_total: float = 0.0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+class ActionScheduler:
+    """The CPU pool of one node and its waiting actions (see the module). Thread-safe."""
+
+    def __init__(
+        self,
+        cpus: int,
+        memory_mb: int,
+        *,
+        models: ElasticityModels | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if cpus < 1:
+            raise ValueError(f"the action pool needs at least one core, got {cpus}")
+        if memory_mb < 0:
+            raise ValueError(f"memory_mb must be >= 0, got {memory_mb}")
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.models = models or ElasticityModels()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._waiting: list[_Waiter] = []
+        self._granting: dict[_Waiter, Grant] = {}  # handed to a waiter's loop, not yet delivered
+        self._running: dict[int, tuple[Grant, float]] = {}  # id -> (grant, expected finish)
+        self._free_cpu = cpus
+        self._free_memory = memory_mb
+        self._granted = self._released = self._refused = 0
+        self._queued_s = 0.0
+
+    async def acquire(self, demand: ActionDemand) -> Grant:
+        """Wait for cores and memory for `demand` (first come, first served); ActionRefused if it can never fit."""
+        low, high = self._check(demand)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(demand, Pending(low, high, demand.memory_mb, self._clock(), None), loop, loop.create_future())
+        with self._lock:
+            self._waiting.append(waiter)
+            self._dispatch_locked()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            with self._lock:
+                if waiter in self._waiting:  # not granted yet: leave the queue
+                    self._waiting.remove(waiter)
+                    self._dispatch_locked()  # the actions behind it may fit now
+            if waiter.future.done() and not waiter.future.cancelled():  # delivered, then cancelled: give it back
+                self.release(waiter.future.result(), completed=False)
+            raise  # a grant still on its way is passed back by _deliver
+
+    def release(self, grant: Grant, *, completed: bool = True) -> None:
+        """Return `grant`'s cores and memory (idempotent); a `completed` action teaches its kind's duration model."""
+        now = self._clock()
+        with self._lock:
+            if self._running.pop(grant.id, None) is None:
+                return
+            self._free_cpu += grant.cpu
+            self._free_memory += grant.memory_mb
+            self._released += 1
+            self._dispatch_locked()
+        if completed:
+            self.models[grant.kind].observe(grant.cpu, now - grant.started)
+
+    @contextlib.asynccontextmanager
+    async def action(self, demand: ActionDemand) -> AsyncIterator[Grant]:
+        """`async with scheduler.action(demand) as grant:` holds the grant for the block; a block that raises
+        (a cancelled action included) does not teach the duration model."""
+        grant = await self.acquire(demand)
+        completed = False
+        try:
+            yield grant
+            completed = True
+        finally:
+            self.release(grant, completed=completed)
+
+    def abandon_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop` died: forget its waiters and take back the grants it never delivered."""
+        with self._lock:
+            self._waiting = [w for w in self._waiting if w.loop is not loop]
+            for waiter in [w for w in self._granting if w.loop is loop]:
+                grant = self._granting.pop(waiter)
+                self._running.pop(grant.id, None)
+                self._free_cpu += grant.cpu
+                self._free_memory += grant.memory_mb
+                self._released += 1
+            self._dispatch_locked()
+
+    def books(self) -> Books:
+        """The pool's counts now."""
+        with self._lock:
+            by_kind: dict[str, int] = {}
+            for grant, _ in self._running.values():
+                by_kind[grant.kind] = by_kind.get(grant.kind, 0) + grant.cpu
+            return Books(
+                cpus=self.cpus,
+                free_cpu=self._free_cpu,
+                memory_mb=self.memory_mb,
+                free_memory_mb=self._free_memory,
+                waiting=len(self._waiting),
+                running=len(self._running),
+                granted_total=self._granted,
+                released_total=self._released,
+                refused_total=self._refused,
+                queued_s_total=self._queued_s,
+                by_kind=by_kind,
+            )
+
+    def _check(self, demand: ActionDemand) -> tuple[int, int]:
+        low, high = demand.cpu
+        problem = None
+        if low < 1 or high < low:
+            problem = f"cores must be a range (minimum >= 1, maximum >= minimum), got {demand.cpu}"
+        elif low > self.cpus:
+            problem = f"it needs at least {low} cores and the pool has {self.cpus}"
+        elif demand.memory_mb < 0:
+            problem = f"memory must be >= 0 MiB, got {demand.memory_mb}"
+        elif demand.memory_mb > self.memory_mb:
+            problem = f"it needs {demand.memory_mb} MiB and the pool has {self.memory_mb} MiB"
+        if problem is not None:
+            with self._lock:
+                self._refused += 1
+            raise ActionRefused(f"action {demand.kind!r} refused: {problem}")
+        return low, min(high, self.cpus)
+
+    def _dispatch_locked(self) -> None:
+        if not self._waiting:
+            return
+        now = self._clock()
+        durations: dict[str, Duration | None] = {}
+        waiting = []
+        head = self._waiting[: self._free_cpu + HORIZON]  # candidates need a core each: no more can matter
+        for waiter in head:
+            kind = waiter.demand.kind
+            if kind not in durations:
+                durations[kind] = self._duration(kind)
+            waiter.pending = Pending(
+                waiter.pending.cpu_min,
+                waiter.pending.cpu_max,
+                waiter.pending.memory_mb,
+                waiter.pending.arrival,
+                durations[kind],
+            )
+            waiting.append(waiter.pending)
+        running = [Running(finish, grant.cpu) for grant, finish in self._running.values()]
+        decided = plan(waiting, self._free_cpu, self._free_memory, running, now, UNKNOWN_DURATION_S)
+        if not decided:
+            return
+        by_pending = {w.pending: w for w in head}
+        for pending, cores in decided:
+            waiter = by_pending[pending]
+            self._waiting.remove(waiter)
+            grant = Grant(next(self._ids), waiter.demand.kind, cores, pending.memory_mb, now - pending.arrival, now)
+            duration = durations[grant.kind]
+            finish = now + (duration(cores) if duration is not None else UNKNOWN_DURATION_S)
+            self._running[grant.id] = (grant, finish)
+            self._free_cpu -= cores
+            self._free_memory -= pending.memory_mb
+            self._granted += 1
+            self._queued_s += grant.queued_s
+            try:
+                waiter.loop.call_soon_threadsafe(self._deliver, waiter, grant)
+            except RuntimeError:  # its loop is closed: nobody will take it
+                self._running.pop(grant.id)
+                self._free_cpu += cores
+                self._free_memory += pending.memory_mb
+                self._released += 1
+                continue
+            self._granting[waiter] = grant
+
+    def _duration(self, kind: str) -> Duration | None:
+        fitted = self.models[kind].fit()
+        if fitted is None:
+            return None
+        t1, serial = fitted
+        return lambda cores: t1 * (serial + (1.0 - serial) / cores)
+
+    def _deliver(self, waiter: _Waiter, grant: Grant) -> None:
+        with self._lock:
+            if self._granting.pop(waiter, None) is None:  # taken back (abandon_loop)
+                return
+        if waiter.future.cancelled():
+            self.release(grant, completed=False)
+        else:
+            waiter.future.set_result(grant)
