@@ -3,6 +3,7 @@ request shape the official OpenAI client sends (the scripted double plays the ju
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import subprocess
@@ -14,12 +15,14 @@ from typing import Any
 import openai
 import pytest
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from openai.types.chat import ChatCompletion
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
 from prorl_handlers.judged_answer import JudgedAnswerHandler, load_questions
 from pydantic import TypeAdapter
 
 from prorl_server import AgentHandler, JobContext
+from prorl_server.api.state import build_judge
 from prorl_server.cli import build_parser, settings_from_args
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgeError, JudgePool, parse_verdict
 from prorl_server.llm.retry import RetryPolicy
@@ -231,6 +234,13 @@ def test_judge_flags_and_the_api_key_variable(monkeypatch):
     settings = settings_from_args(build_parser().parse_args([*argv, "--judge-timeout", "9"]))
     assert settings.judge_servers == ["http://a/v1", "http://b/v1"]
     assert (settings.judge_model, settings.judge_timeout_s) == ("m", 9.0)
+    assert (settings.judge_max_concurrency, settings.judge_rate) == (32, None)
+    limits = ["--judge-max-concurrency", "4", "--judge-rate", "2.5"]
+    pool = build_judge(settings_from_args(build_parser().parse_args([*argv, *limits])))
+    assert pool is not None and (pool.quota.limit, pool.quota.config.rate_per_s) == (4, 2.5)
+    assert pool.quota.name == "judge"
+    with pytest.raises(ValueError, match="max_concurrency must be at least 1"):
+        JudgePool(["http://a/v1"], max_concurrency=0)
 
 
 def test_a_judge_server_that_is_not_an_http_url_is_refused_at_start():
@@ -278,6 +288,50 @@ def test_a_judge_failing_past_the_retry_budget_fails_the_job_with_its_status(sta
     assert len(chat_requests(failing.double)) >= 2
 
 
+# --- load: the judge's quota --------------------------------------------------------------------------------
+
+
+QUICK_RETRIES = RetryPolicy(budget_s=30, base_delay_s=0.01, max_delay_s=0.05)
+
+
+async def test_a_burst_of_429s_queues_the_calls_and_every_one_succeeds(judge):
+    judge.double.push(*[ScriptedReply(status_code=429, delay_s=0.2)] * 4, *["VERDICT: correct"] * 16)
+    pool = JudgePool([judge.address], max_concurrency=4, retry=QUICK_RETRIES)
+
+    replies = await asyncio.gather(*(pool.ask(f"grade {i}", max_tokens=16) for i in range(16)))
+
+    assert [r.text for r in replies] == ["VERDICT: correct"] * 16
+    assert len(chat_requests(judge.double)) == 20  # each 429 retried once
+    figures = pool.quota.snapshot()
+    assert figures.overloads_total == 4 and figures.backoffs_total >= 1  # the limit was cut (4 -> 2) ...
+    assert figures.limit == 4  # ... and grew back with the successes
+    assert (figures.in_use, figures.waiting, figures.granted_total) == (0, 0, 20)
+    assert judge.double.max_in_flight <= 4
+
+
+async def test_a_judge_pool_limited_to_2_never_has_more_than_2_requests_at_the_judge(judge):
+    judge.double.push(*[ScriptedReply(text="VERDICT: correct", delay_s=0.2)] * 8)
+    pool = JudgePool([judge.address], model=MODEL_NAME, max_concurrency=2)
+
+    replies = await asyncio.gather(*(pool.ask(f"grade {i}", max_tokens=16) for i in range(8)))
+
+    assert len(replies) == 8 and judge.double.max_in_flight == 2
+    assert pool.quota.snapshot().queue_wait_p95_s > 0  # the others queued
+
+
+async def test_a_503_with_retry_after_holds_back_the_next_request_that_long(recording_judge):
+    judge = recording_judge(chat_body("VERDICT: correct"), refuse={503: 1})  # then answers
+    pool = JudgePool([judge.address], model="hosted", retry=QUICK_RETRIES)
+
+    reply = await pool.ask("grade this")
+
+    assert reply.text == "VERDICT: correct"
+    first, second = judge.arrivals
+    assert second - first > 1.0  # Retry-After: 1
+    figures = pool.quota.snapshot()
+    assert (figures.overloads_total, figures.limit) == (1, 16)
+
+
 def test_a_4xx_fails_at_once_without_retry(start_server, backend, judge):
     judge.double.push(ScriptedReply(status_code=400))
     server = serve(start_server, backend, [judge])
@@ -323,18 +377,26 @@ def test_a_hanging_judge_times_out(start_server, backend, judge):
     assert time.monotonic() - started < 10
     assert result["status"] == "failed" and result["error"]["type"] == "JudgeError"
     assert "stall timeout" in result["error"]["message"]
+    figures = server.state.orchestrator.judge.quota.snapshot()
+    assert (figures.overloads_total, figures.limit, figures.in_use) == (1, 16, 0)  # a stall is an overload
 
 
 class RecordingJudge:
-    """An OpenAI-style chat server that answers a fixed body and records each request's headers."""
+    """An OpenAI-style chat server that answers a fixed body and records each request's headers and arrival
+    time; `refuse` {status: n}: the first n requests get that status, with `Retry-After: 1`."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], refuse: dict[int, int] | None = None) -> None:
         self.headers: list[dict[str, str]] = []
+        self.arrivals: list[float] = []
+        refusals = [status for status, n in (refuse or {}).items() for _ in range(n)]
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> dict[str, Any]:
+        async def chat(request: Request) -> Any:
             self.headers.append(dict(request.headers))
+            self.arrivals.append(time.monotonic())
+            if refusals:
+                return JSONResponse({"error": {"message": "busy"}}, refusals.pop(0), {"retry-after": "1"})
             return body
 
         self.server = UvicornThread(app).start()
@@ -350,8 +412,8 @@ def chat_body(content: Any) -> dict[str, Any]:
 def recording_judge():
     started: list[RecordingJudge] = []
 
-    def start(body: dict[str, Any]) -> RecordingJudge:
-        started.append(RecordingJudge(body))
+    def start(body: dict[str, Any], refuse: dict[int, int] | None = None) -> RecordingJudge:
+        started.append(RecordingJudge(body, refuse))
         return started[-1]
 
     yield start

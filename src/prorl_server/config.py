@@ -84,7 +84,20 @@ class ServerSettings(BaseModel):
         default=60.0,
         ge=0,
         description="Seconds one judge call keeps retrying, with backoff, on the next judge server after a "
-        "connection error, 5xx or timeout.",
+        "connection error, 5xx, 429 or timeout (time queued for a slot not counted).",
+    )
+    judge_max_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="Judge requests in flight at most, over all judge servers; more queue. While the judge "
+        "answers 429 or 503 or times out, the limit is halved (once per wave of requests) and grows back by one "
+        "per window of successes.",
+    )
+    judge_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Judge requests started per second at most, in bursts of up to one second's worth "
+        "(default: unlimited); e.g. a hosted API's requests-per-minute quota / 60.",
     )
     handlers: list[str] = Field(
         default_factory=list,

@@ -42,7 +42,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "llm_breaker_cooldown_s",
         "llm_stall_timeout_s",
     ),
-    "LLM judge": ("judge_servers", "judge_model", "judge_timeout_s", "judge_retry_budget_s"),
+    "LLM judge": (
+        "judge_servers",
+        "judge_model",
+        "judge_timeout_s",
+        "judge_retry_budget_s",
+        "judge_max_concurrency",
+        "judge_rate",
+    ),
     "weight updates": ("max_staleness", "stale_policy", "weight_pause_lease_s"),
     "scheduling": (
         "dispatch_policy",
@@ -88,6 +95,7 @@ METAVARS: dict[str, str] = {
     "llm_servers": "URL",
     "judge_servers": "URL",
     "judge_model": "MODEL",
+    "judge_rate": "PER_SECOND",
     "handlers": "[NAME=]MODULE:CLASS",
     "journal": "PATH",
 }

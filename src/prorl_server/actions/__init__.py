@@ -4,9 +4,20 @@ sandbox start, a judge call), not per trajectory.
 - `ActionScheduler`: one node's CPU pool; actions queue first come first served and start with the cores
   the elastic allocation (`allocation.plan`) gives them, within their DoP range.
 - `AmdahlModel` / `ElasticityModels`: each action kind's duration by DoP, learned online.
+- `ServiceQuota` / `QuotaRegistry`: external services (the judge pool, a search API, any HTTP service), each
+  with a concurrency limit that AIMD cuts on 429, 503 and timeouts and grows back on successes, and a rate
+  limit; bursts queue instead of failing.
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
+from prorl_server.actions.quota import (
+    QuotaConfig,
+    QuotaRegistry,
+    QuotaSnapshot,
+    ServiceDisabled,
+    ServiceQuota,
+    Slot,
+)
 from prorl_server.actions.scheduler import ActionDemand, ActionRefused, ActionScheduler, Books, Grant
 
 __all__ = [
@@ -17,4 +28,10 @@ __all__ = [
     "Books",
     "ElasticityModels",
     "Grant",
+    "QuotaConfig",
+    "QuotaRegistry",
+    "QuotaSnapshot",
+    "ServiceDisabled",
+    "ServiceQuota",
+    "Slot",
 ]

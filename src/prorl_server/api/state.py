@@ -232,6 +232,8 @@ def build_judge(settings: ServerSettings) -> JudgePool | None:
         timeout_s=settings.judge_timeout_s,
         retry=RetryPolicy(budget_s=settings.judge_retry_budget_s),
         api_key=os.environ.get(JUDGE_API_KEY_ENV) or None,
+        max_concurrency=settings.judge_max_concurrency,
+        rate_per_s=settings.judge_rate,
     )
 
 

@@ -8,7 +8,14 @@ class LLMError(Exception):
 
 
 class BackendUnavailable(LLMError):
-    """The backend could not be reached or answered with a server error; another backend may work."""
+    """The backend could not be reached or answered with a server error; another backend may work.
+
+    For a server error, `status_code` is its HTTP status and `retry_after_s` its `Retry-After` (seconds)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
 
 class BackendProtocolError(BackendUnavailable):
@@ -20,11 +27,13 @@ class BackendStalled(BackendUnavailable):
 
 
 class BackendRequestError(LLMError):
-    """The backend rejected the request (4xx): retrying elsewhere would fail the same way."""
+    """The backend rejected the request (4xx): retrying elsewhere would fail the same way (but a 429 says
+    "later", with `retry_after_s` from its `Retry-After` header when it had one)."""
 
-    def __init__(self, message: str, status_code: int) -> None:
+    def __init__(self, message: str, status_code: int, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
 
 class NoBackendAvailable(LLMError):

@@ -2,9 +2,11 @@
 
 It is kept apart from the policy's backends: not in their pool, placement, health checks or weight
 updates, and its tokens never enter a trajectory. A request goes to `POST {server}/chat/completions`;
-its answer is read with the LLM layer's bounded reads and parsed strictly. Connection errors, 5xx and
-stalls are retried on the next judge server, with backoff, within a budget; a 4xx or a malformed answer
-fails at once (JudgeError).
+its answer is read with the LLM layer's bounded reads and parsed strictly. Every request holds a slot of
+the pool's quota (actions/quota.py, service "judge"): at most `max_concurrency` in flight, fewer while the
+judge is overloaded (429, 503 and stalls cut the limit; successes grow it back), the rest queue. Connection
+errors, 5xx, 429 and stalls are retried on the next judge server, with backoff, within a budget (time queued
+for a slot is not spent from it); any other 4xx or a malformed answer fails at once (JudgeError).
 """
 
 from __future__ import annotations
@@ -22,8 +24,15 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictStr, ValidationError
 
+from prorl_server.actions.quota import QuotaConfig, ServiceQuota
 from prorl_server.llm import response_limits as limits
-from prorl_server.llm.errors import BackendProtocolError, BackendRequestError, BackendUnavailable, LLMError
+from prorl_server.llm.errors import (
+    BackendProtocolError,
+    BackendRequestError,
+    BackendStalled,
+    BackendUnavailable,
+    LLMError,
+)
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.vllm_client import VLLMClient
 
@@ -112,11 +121,14 @@ class JudgeReply:
 
 
 class JudgePool:
-    """The judge servers of one prorl-server. Calls rotate over the servers; on a connection error, a 5xx
-    or a stall the call moves to the next server after a backoff, until `retry.budget_s` is spent.
+    """The judge servers of one prorl-server. Calls rotate over the servers; on a connection error, a 5xx,
+    a 429 or a stall the call moves to the next server after a backoff, until `retry.budget_s` is spent.
 
     `model`: the model name to request (default: the one model each server lists at `GET {server}/models`,
-    looked up at first use). `api_key`: sent as a bearer token to every judge server.
+    looked up at first use). `api_key`: sent as a bearer token to every judge server. `max_concurrency`:
+    requests in flight at most, over all the servers; `rate_per_s`: requests started per second at most
+    (None: unlimited). Both are held by `quota`, whose limit AIMD lowers while the judge answers 429 or
+    503 or stalls.
     """
 
     def __init__(
@@ -127,6 +139,8 @@ class JudgePool:
         timeout_s: float = 120.0,
         retry: RetryPolicy | None = None,
         api_key: str | None = None,
+        max_concurrency: int = 32,
+        rate_per_s: float | None = None,
     ) -> None:
         if not servers:
             raise JudgeConfigError(f"a judge pool needs at least one server; {HOW_TO_CONFIGURE}")
@@ -140,6 +154,12 @@ class JudgePool:
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self._served: dict[str, str] = {}  # server -> the model it serves, once looked up
         self._next = itertools.count()
+        if max_concurrency < 1:
+            raise JudgeConfigError(f"the judge's max_concurrency must be at least 1, got {max_concurrency}")
+        try:
+            self.quota = ServiceQuota("judge", QuotaConfig(max_concurrency=max_concurrency, rate_per_s=rate_per_s))
+        except ValueError as exc:
+            raise JudgeConfigError(f"judge quota: {exc}") from None
 
     def __repr__(self) -> str:
         return f"JudgePool(servers={list(self.servers)!r}, model={self.model!r})"  # never the API key
@@ -165,26 +185,36 @@ class JudgePool:
     async def _with_retries(self, client: VLLMClient, payload: dict[str, Any], limit: int) -> JudgeReply:
         first = next(self._next)
         started = time.monotonic()
+        queued = 0.0  # seconds spent waiting for a quota slot: not spent from the retry budget
         attempt = 0
         while True:
             server = self.servers[(first + attempt) % len(self.servers)]
-            try:
-                return await self._chat_once(client, server, payload, limit)
-            except BackendProtocolError as exc:
-                raise JudgeError(f"judge {server} answered malformed data: {exc}", server=server) from None
-            except BackendRequestError as exc:
-                raise JudgeError(f"judge {server}: {exc}", server=server, status_code=exc.status_code) from None
-            except BackendUnavailable as exc:
-                delay = self.retry.delay_s(attempt)
-                if time.monotonic() - started + delay > self.retry.budget_s:
-                    raise JudgeError(
-                        f"no judge server answered within the {self.retry.budget_s:g}s retry budget "
-                        f"({attempt + 1} attempts); last error: {exc}",
-                        server=server,
-                    ) from None
-                log.warning("judge %s failed (%s); retrying in %.2fs", server, exc, delay)
-                await asyncio.sleep(delay)
-                attempt += 1
+            waited = time.monotonic()
+            async with self.quota.slot() as slot:
+                queued += time.monotonic() - waited
+                try:
+                    return await self._chat_once(client, server, payload, limit)
+                except BackendProtocolError as exc:
+                    raise JudgeError(f"judge {server} answered malformed data: {exc}", server=server) from None
+                except BackendRequestError as exc:
+                    if exc.status_code != 429:
+                        raise JudgeError(f"judge {server}: {exc}", server=server, status_code=exc.status_code) from None
+                    error: LLMError = exc
+                    slot.overloaded(exc.retry_after_s)
+                except BackendUnavailable as exc:
+                    error = exc
+                    if exc.status_code == 503 or isinstance(exc, BackendStalled):  # overloaded too
+                        slot.overloaded(exc.retry_after_s)
+            delay = self.retry.delay_s(attempt)
+            if time.monotonic() - started - queued + delay > self.retry.budget_s:
+                raise JudgeError(
+                    f"no judge server answered within the {self.retry.budget_s:g}s retry budget "
+                    f"({attempt + 1} attempts); last error: {error}",
+                    server=server,
+                ) from None
+            log.warning("judge %s failed (%s); retrying in %.2fs", server, error, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def _chat_once(self, client: VLLMClient, server: str, payload: dict[str, Any], limit: int) -> JudgeReply:
         if "model" not in payload:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import weakref
 from typing import Any
 from urllib.parse import quote
@@ -247,9 +248,25 @@ async def _read(response: httpx.Response, limit: int, *, truncate: bool = False)
 def _status_error(response: httpx.Response, body: bytes | bytearray) -> LLMError:
     message = _error_message(body)
     status = response.status_code
+    retry_after = _retry_after_s(response.headers.get("retry-after"))
     if status >= 500:
-        return BackendUnavailable(f"{response.request.method} {response.request.url}: HTTP {status}: {message}")
-    return BackendRequestError(f"{response.request.url} rejected the request: HTTP {status}: {message}", status)
+        return BackendUnavailable(
+            f"{response.request.method} {response.request.url}: HTTP {status}: {message}",
+            status_code=status,
+            retry_after_s=retry_after,
+        )
+    return BackendRequestError(
+        f"{response.request.url} rejected the request: HTTP {status}: {message}", status, retry_after_s=retry_after
+    )
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """A `Retry-After` header's seconds (its HTTP-date form is not read: None)."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _error_message(body: bytes | bytearray) -> str:

@@ -387,6 +387,8 @@ class Orchestrator:
     def _stage_loop_died(self, jobs: list[Job], dead_loop: asyncio.AbstractEventLoop, why: str) -> None:
         """A stage's event loop died and was restarted: fail the jobs that were inside it (on the new loop)."""
         self._ready_gate.abandon_loop(dead_loop)
+        if self.judge is not None:
+            self.judge.quota.abandon_loop(dead_loop)
         for job in jobs:
             stage = job.ctx.stage or job.next_stage
             error = ErrorInfo(

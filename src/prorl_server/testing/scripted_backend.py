@@ -169,6 +169,8 @@ class ScriptedBackend:
         self.job_replies: dict[str, collections.deque[ScriptedReply]] = {}
         self.prompt_scripts: list[PromptScript] = []
         self.requests: list[RequestRecord] = []
+        self.in_flight = 0  # completions (and chat completions) being answered now
+        self.max_in_flight = 0  # the most at once
         self.healthy = True
         self.faults: dict[Endpoint, collections.deque[Fault]] = collections.defaultdict(collections.deque)
         self.fault_log: list[FaultRecord] = []
@@ -245,7 +247,8 @@ class ScriptedBackend:
         )
 
     def reset(self) -> int:
-        """Drop every queued reply (all queues) and the request log; returns how many replies were dropped."""
+        """Drop every queued reply (all queues), the request log and the in-flight high-water mark; returns how
+        many replies were dropped."""
         with self._lock:
             queues = [self.replies, *self.job_replies.values(), *(s.replies for s in self.prompt_scripts)]
             dropped = sum(len(q) for q in queues)
@@ -253,6 +256,7 @@ class ScriptedBackend:
             self.job_replies.clear()
             self.prompt_scripts.clear()
             self.requests.clear()
+            self.max_in_flight = self.in_flight
             return dropped
 
     def script(self) -> dict[str, Any]:
@@ -362,6 +366,14 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         job_id = request.headers.get(JOB_ID_HEADER)
         record.job_id = unquote(job_id) if job_id is not None else None
         backend.requests.append(record)
+        backend.in_flight += 1
+        backend.max_in_flight = max(backend.max_in_flight, backend.in_flight)
+        try:
+            return await wait_reply(record, request)
+        finally:
+            backend.in_flight -= 1
+
+    async def wait_reply(record: RequestRecord, request: Request) -> ScriptedReply | JSONResponse:
         try:
             reply, record.source = backend.take(record.job_id, tok.decode(record.prompt))
         except NoReplyQueued as exc:
