@@ -295,15 +295,25 @@ QUICK_RETRIES = RetryPolicy(budget_s=30, base_delay_s=0.01, max_delay_s=0.05)
 
 
 async def test_a_burst_of_429s_queues_the_calls_and_every_one_succeeds(judge):
-    judge.double.push(*[ScriptedReply(status_code=429, delay_s=0.2)] * 4, *["VERDICT: correct"] * 16)
+    busy, fine = ScriptedReply(status_code=429, delay_s=0.2), ScriptedReply(text="VERDICT: correct", delay_s=0.2)
+    judge.double.push(*[busy] * 4, *[fine] * 16)
     pool = JudgePool([judge.address], max_concurrency=4, retry=QUICK_RETRIES)
+    limits: set[int] = set()
 
+    async def watch() -> None:  # a success takes 0.2 s: a cut limit stays cut for that long at least
+        while True:
+            limits.add(pool.quota.limit)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
     replies = await asyncio.gather(*(pool.ask(f"grade {i}", max_tokens=16) for i in range(16)))
+    watcher.cancel()
 
     assert [r.text for r in replies] == ["VERDICT: correct"] * 16
     assert len(chat_requests(judge.double)) == 20  # each 429 retried once
     figures = pool.quota.snapshot()
-    assert figures.overloads_total == 4 and figures.backoffs_total >= 1  # the limit was cut (4 -> 2) ...
+    assert figures.overloads_total == 4 and figures.backoffs_total >= 1
+    assert min(limits) <= 2  # the limit was cut (4 -> 2, once per wave) ...
     assert figures.limit == 4  # ... and grew back with the successes
     assert (figures.in_use, figures.waiting, figures.granted_total) == (0, 0, 20)
     assert judge.double.max_in_flight <= 4
