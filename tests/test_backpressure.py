@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -98,6 +99,22 @@ def test_cross_loop_semaphore_cancelled_waiter_passes_permit_on():
         waiter.cancel()
         gate.release()
         await asyncio.sleep(0.01)
+        return gate.available
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_cross_loop_semaphore_waiter_cancelled_after_its_permit_came_passes_it_on():
+    async def scenario() -> int:
+        gate = CrossLoopSemaphore(1)
+        await gate.acquire()
+        waiter = asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0)
+        gate.release()
+        await asyncio.sleep(0)  # the permit is handed over; the waiter is woken but has not run yet
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
         return gate.available
 
     assert asyncio.run(scenario()) == 1
