@@ -12,9 +12,9 @@ token; the block then reports how the call went. The concurrency limit adapts by
   requests of one wave halves the limit once. A `Retry-After` hint pauses the service (new grants) for
   that long, at most `max_pause_s`.
 
-The rate limit is a token bucket (`rate_per_s`, `burst`). Waiters may sit on different event loops (a
-pipeline stage's each): as in pipeline/cross_loop_semaphore.py, the books are kept under a threading
-lock and a slot is handed to a waiter with `call_soon_threadsafe`. While the head of the line waits for a
+The rate limit is a token bucket (`rate_per_s`, `burst`). Waiters may sit on different event loops (each
+pipeline stage runs its own, on its own thread): as in pipeline/cross_loop_semaphore.py, the books are
+kept under a threading lock and a slot is handed to a waiter with `call_soon_threadsafe`. While the head of the line waits for a
 token (or for a pause to end), it alone sleeps, with the quota's `sleep`, then takes the token; tests
 inject `clock` and `sleep`. A waiter cancelled in line leaves it holding nothing; a slot handed to a
 waiter that was cancelled before it resumed is passed on; a holder cancelled inside the block returns
