@@ -319,6 +319,24 @@ async def test_a_burst_of_429s_queues_the_calls_and_every_one_succeeds(judge):
     assert judge.double.max_in_flight <= 4
 
 
+def test_the_judges_quota_is_in_the_metrics(start_server, backend, judge):
+    backend.double.push("Because ice is lighter than the same volume of water.")
+    judge.double.push("VERDICT: correct")
+    server = serve(start_server, backend, [judge], judge_max_concurrency=3)
+    before = server.http.get("/metrics").text
+    assert 'prorl_service_concurrency_limit{service="judge"} 3.0' in before
+    assert 'prorl_service_granted_total{service="judge"} 0.0' in before
+
+    assert process(server, ICE)["status"] == "completed"
+
+    after = server.http.get("/metrics").text
+    granted = [line for line in after.splitlines() if line.startswith('prorl_service_granted_total{service="judge"}')]
+    assert granted and float(granted[0].split()[-1]) >= 1
+    assert 'prorl_service_in_use{service="judge"} 0.0' in after
+    assert 'prorl_service_overloads_total{service="judge"} 0.0' in after
+    assert "prorl_service_" not in start_server([backend.address]).http.get("/metrics").text  # no judge, no series
+
+
 async def test_a_judge_pool_limited_to_2_never_has_more_than_2_requests_at_the_judge(judge):
     judge.double.push(*[ScriptedReply(text="VERDICT: correct", delay_s=0.2)] * 8)
     pool = JudgePool([judge.address], model=MODEL_NAME, max_concurrency=2)

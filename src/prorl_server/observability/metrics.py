@@ -23,6 +23,7 @@ from prorl_server.protocol import JobResult
 from prorl_server.tools.responses import RESPONSES
 
 if TYPE_CHECKING:
+    from prorl_server.actions.quota import QuotaSnapshot
     from prorl_server.pipeline import Orchestrator
 
 MAX_DATA_SOURCE_LABELS = 32
@@ -234,6 +235,36 @@ class _StateCollector(Collector):
         yield from _backend_gauges(orchestrator)
         sandboxes = orchestrator.sandboxes
         yield _gauge("prorl_sandboxes_live", "Sandboxes open now.", sandboxes.live if sandboxes is not None else 0)
+        if orchestrator.judge is not None:
+            yield from _quota_metrics([orchestrator.judge.quota.snapshot()])
+
+
+def _quota_metrics(snapshots: list[QuotaSnapshot]) -> Iterator[Metric]:
+    """The figures of external services' quotas (the judge's), labelled by service."""
+    label = ["service"]
+    limit = GaugeMetricFamily(
+        "prorl_service_concurrency_limit",
+        "A service's concurrency limit now (AIMD: cut on 429/503/timeouts).",
+        labels=label,
+    )
+    in_use = GaugeMetricFamily("prorl_service_in_use", "Requests to the service holding a slot.", labels=label)
+    waiting = GaugeMetricFamily("prorl_service_waiting", "Requests queued for a slot of the service.", labels=label)
+    wait_p95 = GaugeMetricFamily(
+        "prorl_service_queue_wait_p95_seconds", "95th percentile of the queue wait of its last grants.", labels=label
+    )
+    granted = CounterMetricFamily("prorl_service_granted", "Slots of the service granted.", labels=label)
+    overloads = CounterMetricFamily(
+        "prorl_service_overloads", "Requests the service answered 429 or 503 or let time out.", labels=label
+    )
+    for snapshot in snapshots:
+        name = [snapshot.name]
+        limit.add_metric(name, snapshot.limit)
+        in_use.add_metric(name, snapshot.in_use)
+        waiting.add_metric(name, snapshot.waiting)
+        wait_p95.add_metric(name, snapshot.queue_wait_p95_s)
+        granted.add_metric(name, snapshot.granted_total)
+        overloads.add_metric(name, snapshot.overloads_total)
+    yield from (limit, in_use, waiting, wait_p95, granted, overloads)
 
 
 def _backend_gauges(orchestrator: Orchestrator) -> Iterator[Metric]:
