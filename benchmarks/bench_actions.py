@@ -145,10 +145,10 @@ def run_action_level(trajectories: list[Trajectory], cores: int) -> tuple[list[f
         planning += time.perf_counter() - began
         if not decided:
             continue
-        chosen = {id(p): used for p, used in decided}
+        chosen = dict(decided)
         keep = []
         for pending, j in waiting:
-            used = chosen.get(id(pending))
+            used = chosen.get(pending)
             if used is None:
                 keep.append((pending, j))
                 continue

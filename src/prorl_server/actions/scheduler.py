@@ -18,7 +18,7 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prorl_server.actions.allocation import HORIZON, Duration, Pending, Running, plan
 from prorl_server.actions.elasticity import ElasticityModels
@@ -74,8 +74,6 @@ class Books:
     granted_total: int
     released_total: int
     refused_total: int
-    queued_s_total: float = 0.0
-    by_kind: dict[str, int] = field(default_factory=dict)
 
 
 class ActionScheduler:
@@ -105,7 +103,6 @@ class ActionScheduler:
         self._free_cpu = cpus
         self._free_memory = memory_mb
         self._granted = self._released = self._refused = 0
-        self._queued_s = 0.0
 
     async def acquire(self, demand: ActionDemand) -> Grant:
         """Wait for cores and memory for `demand` (first come, first served); ActionRefused if it can never fit."""
@@ -166,9 +163,6 @@ class ActionScheduler:
     def books(self) -> Books:
         """The pool's counts now."""
         with self._lock:
-            by_kind: dict[str, int] = {}
-            for grant, _ in self._running.values():
-                by_kind[grant.kind] = by_kind.get(grant.kind, 0) + grant.cpu
             return Books(
                 cpus=self.cpus,
                 free_cpu=self._free_cpu,
@@ -179,8 +173,6 @@ class ActionScheduler:
                 granted_total=self._granted,
                 released_total=self._released,
                 refused_total=self._refused,
-                queued_s_total=self._queued_s,
-                by_kind=by_kind,
             )
 
     def _check(self, demand: ActionDemand) -> tuple[int, int]:
@@ -234,7 +226,6 @@ class ActionScheduler:
             self._free_cpu -= cores
             self._free_memory -= pending.memory_mb
             self._granted += 1
-            self._queued_s += grant.queued_s
             try:
                 waiter.loop.call_soon_threadsafe(self._deliver, waiter, grant)
             except RuntimeError:  # its loop is closed: nobody will take it

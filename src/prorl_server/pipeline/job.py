@@ -65,6 +65,11 @@ class Job:
         self._final_release_claimed = False
 
     @property
+    def stage(self) -> Stage:
+        """The stage the job is in, or (before its first) the one it is queued for."""
+        return Stage(self.ctx.stage or self.next_stage)
+
+    @property
     def terminal(self) -> bool:
         """True once a result has been decided."""
         return self.result is not None

@@ -390,7 +390,7 @@ class Orchestrator:
         if self.judge is not None:
             self.judge.quota.abandon_loop(dead_loop)
         for job in jobs:
-            stage = job.ctx.stage or job.next_stage
+            stage = job.stage
             error = ErrorInfo(
                 stage=stage,
                 type="StageLoopDied",
@@ -399,7 +399,7 @@ class Orchestrator:
             )
             job.leave_stage()
             job.timer.pause()
-            self.pools[Stage(stage)].spawn(self._end_or_force(job, error))
+            self.pools[stage].spawn(self._end_or_force(job, error))
 
     async def _run_stage(self, stage: Stage, job: Job) -> None:
         """One stage of a job: enter it, wait for the handler's method within the job's budget, leave it."""
@@ -596,7 +596,7 @@ class Orchestrator:
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if not done:
             log.warning("the release callbacks of job %s are still running after %.1fs; going on", job.id, timeout)
-            self.pools[Stage(job.ctx.stage or job.next_stage)].keep_stuck(task)
+            self.pools[job.stage].keep_stuck(task)
 
     async def _end(
         self,
@@ -634,7 +634,7 @@ class Orchestrator:
         self, job: Job, result: JobResult, deadline: float | None
     ) -> tuple[JobResult, BaseException | None]:
         """The handler's `final_result` of `result`, or a failed result saying why it could not be used."""
-        stage = Stage(job.ctx.stage or job.next_stage)
+        stage = job.stage
         done, outcome = await self._call_handler(job, stage, job.methods.final_result, result, deadline=deadline)
         if not done:
             message = "final_result() did not return within the job's budget and the cancel grace"
