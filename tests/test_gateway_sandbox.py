@@ -217,7 +217,8 @@ def unix_request(path, request: bytes) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(60)
     sock.connect(str(path))
-    sock.sendall(request)
+    if request:  # a bare connection sends nothing: the bridge may close it before a send (EPIPE)
+        sock.sendall(request)
     return sock
 
 

@@ -82,7 +82,7 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
     for name in ("server-*-0.log", "server-*-1.log"):
         (log,) = (slurm_service.run_dir / "logs").glob(name)
         text = log.read_text(errors="replace")
-        assert "pipeline stopped; 2 live jobs cancelled" in text  # graceful: its jobs were cancelled ...
+        assert "pipeline stopped; 2 live jobs cancelled" in text, text  # graceful: its jobs were cancelled ...
         assert "Finished server process" in text  # ... and it exited by itself, before any SIGKILL
     assert "stopping the backends" in slurm_service.log(f"prorl-backends-{slurm_service.backends_job}.out")
 
