@@ -63,7 +63,7 @@ def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[A
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
     owner_dir = DEFAULT_BASE_DIR / owner
     directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
-    roots = owner_directories(detect(warn=False)).get(owner, [])
+    roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
     return {k: v for k, v in {"processes": processes, "directories": directories, "cgroups": cgroups}.items() if v}
 
@@ -85,6 +85,13 @@ class Harness:
         self.owner = new_owner_id()
         self.runtime: Runtime = make_runtime(name, self.owner, **case.options)
         self.sandboxes: list[Sandbox] = []
+
+    def remake(self, **options: Any) -> Runtime:
+        """Replace the runtime, before it started any sandbox, by one with these options too (e.g. `cpu_pool`)."""
+        assert not self.sandboxes, "remake the runtime before starting sandboxes"
+        self.runtime.close()
+        self.runtime = make_runtime(self.name, self.owner, **{**self.case.options, **options})
+        return self.runtime
 
     def spec(self, **fields: Any) -> SandboxSpec:
         """A SandboxSpec with this runtime's test image unless one is given."""

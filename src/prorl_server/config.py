@@ -66,6 +66,25 @@ class ServerSettings(BaseModel):
         "workspaces): in DIR/prorl-sandboxes-<uid>/, private to the server's user. On a cluster, the node's "
         "local scratch.",
     )
+    action_scheduler: bool = Field(
+        default=True,
+        description="Grant sandbox tool actions (bash, IPython, editor, files) CPU cores per action from one pool "
+        "of this node's cores: a sandbox's cgroup CPU quota (and cpuset) is raised to its grant while an action "
+        "runs and lowered to --action-idle-cpus after; actions queue when the pool is busy. Off: every sandbox "
+        "keeps the static quota of its limits (docs/sandboxes.md, 'CPU per action').",
+    )
+    action_cpu_reserve: int | None = Field(
+        default=None,
+        ge=0,
+        description="Cores (the lowest-numbered this process may use) kept out of the action pool for the server "
+        "itself (default: one per 16 usable cores, none below 16).",
+    )
+    action_idle_cpus: float = Field(
+        default=0.1,
+        gt=0,
+        description="Cores a sandbox's processes share while none of its actions runs (its CPU quota between "
+        "actions), so what a task left running in the background goes on, slowly.",
+    )
     llm_servers: list[str] = Field(
         default_factory=list,
         description="vLLM OpenAI-compatible base URLs registered at start (repeatable), e.g. http://h:8000/v1.",

@@ -31,6 +31,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "results journal": ("journal", "journal_sync", "journal_compact_interval_s"),
     "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image", "sandbox_dir"),
+    "action scheduler": ("action_scheduler", "action_cpu_reserve", "action_idle_cpus"),
     "LLM backends": (
         "llm_servers",
         "placement",
@@ -96,6 +97,8 @@ METAVARS: dict[str, str] = {
     "judge_servers": "URL",
     "judge_model": "MODEL",
     "judge_rate": "PER_SECOND",
+    "action_cpu_reserve": "CORES",
+    "action_idle_cpus": "CORES",
     "handlers": "[NAME=]MODULE:CLASS",
     "journal": "PATH",
 }

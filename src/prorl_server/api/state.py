@@ -23,6 +23,8 @@ from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
+from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.cpu_grants import CpuPool
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
 from prorl_server.sandbox.private_dir import user_dir
 from prorl_server.scheduling import make_predictor
@@ -253,8 +255,28 @@ def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxM
         api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports, judge_ports=judge_ports
     )
     base_dir = user_dir(str(settings.sandbox_dir / "prorl-sandboxes"))
-    runtime = make_runtime(settings.runtime, owner, exclude=exclude, network_guard=guard, base_dir=base_dir)
+    runtime = make_runtime(
+        settings.runtime,
+        owner,
+        exclude=exclude,
+        network_guard=guard,
+        base_dir=base_dir,
+        cpu_pool=build_cpu_pool(settings),
+    )
     return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image), base_dir=base_dir)
+
+
+def build_cpu_pool(settings: ServerSettings) -> CpuPool | None:
+    """The node's CPU pool sandbox actions are granted cores from (`--action-scheduler`; None when off): the
+    cores this process may use but `--action-cpu-reserve`. SandboxError if the reserve leaves none."""
+    if not settings.action_scheduler:
+        return None
+    try:
+        pool = CpuPool.for_node(settings.action_cpu_reserve, settings.action_idle_cpus)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from None
+    log.info("action scheduler: %d cores (CPUs %s) granted per sandbox action", len(pool.cpu_ids), pool.cpu_ids)
+    return pool
 
 
 async def get_state(request: Request) -> ServerState:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from prorl_server.sandbox.cpu_grants import Dop, dop_prefix
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
+    from prorl_server.actions import Grant
     from prorl_server.tools.client import CommandObservation, ToolClient
 
 
@@ -33,15 +37,32 @@ class Sandbox(ABC):
     async def close(self) -> None:
         """Stop every process of the sandbox and remove its private files."""
 
+    def grant(self, kind: str, dop: Dop | None) -> AbstractAsyncContextManager[Grant | None]:
+        """Cores for one action of `kind` asking `dop`, held for the block: yields the grant, or None where the
+        server grants none (no action scheduler; see cpu_grants.py)."""
+        return contextlib.nullcontext()
+
     # handler-facing shortcuts to the execution server ---------------------------------------------
 
-    async def bash(self, command: str, timeout: float = 30.0, **kwargs: Any) -> CommandObservation:
-        """Run a command in the sandbox's persistent shell."""
-        return await self.tools.bash(command, timeout=timeout, **kwargs)
+    async def bash(
+        self, command: str, timeout: float = 30.0, *, dop: Dop | None = None, kind: str = "bash", **kwargs: Any
+    ) -> CommandObservation:
+        """Run a command in the sandbox's persistent shell. `dop`: the cores it can use, `n` or (minimum,
+        maximum); the grant is exported to the command as $PRORL_DOP (not set without the action scheduler).
+        `kind`: the action kind whose durations the scheduler learns from this one (name a scalable command's
+        own, e.g. "tests")."""
+        async with self.grant(kind, dop) as granted:
+            if granted is not None:
+                command = dop_prefix(granted.cpu) + command
+            return await self.tools.bash(command, timeout=timeout, **kwargs)
 
-    async def ipython(self, code: str, timeout: float = 30.0, **kwargs: Any) -> CommandObservation:
-        """Run code in the sandbox's persistent IPython kernel."""
-        return await self.tools.ipython(code, timeout=timeout, **kwargs)
+    async def ipython(
+        self, code: str, timeout: float = 30.0, *, dop: Dop | None = None, kind: str = "ipython", **kwargs: Any
+    ) -> CommandObservation:
+        """Run code in the sandbox's persistent IPython kernel; `dop` and `kind` as for `bash` (the grant
+        shows in `os.sched_getaffinity(0)` where the cpuset follows it, not in an environment variable)."""
+        async with self.grant(kind, dop):
+            return await self.tools.ipython(code, timeout=timeout, **kwargs)
 
     async def edit(self, command: str, path: str, **kwargs: Any) -> Any:
         """File editor: view, create, str_replace, insert, undo_edit."""

@@ -3,6 +3,9 @@
 Sandbox cgroups live under the server's own cgroup in each hierarchy, at `<own>/prorl/<owner>/<sandbox>`,
 so they count against whatever limits the server itself runs under. A hierarchy that is missing or not
 writable is skipped with one logged note; the limit it would enforce is then not enforced (docs/sandboxes.md).
+
+The cpuset controller is joined only on request (`detect(cpuset=True)`: the action scheduler pins each action's
+cores, cpu_grants.py); a v1 cpuset cgroup starts with the cores and memory nodes of its parent.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from prorl_server.sandbox.spec import SandboxLimits
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("pids", "memory", "cpu")
+CPUSET = "cpuset"
 CPU_PERIOD_US = 100_000
+MIN_CPU_QUOTA_US = 1_000  # the kernel refuses a smaller quota
 
 
 @dataclass(frozen=True)
@@ -72,14 +77,24 @@ def _enable(directory: Path, controllers: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name for name in controllers if name in control.read_text().split())
 
 
-def detect(warn: bool = True) -> list[Hierarchy]:
-    """The writable hierarchies for pids, memory and cpu; logs a note for each controller without one."""
+def _inherit_cpuset(directory: Path) -> None:
+    """v1: give an empty cpuset cgroup its parent's cores and memory nodes (no process may join it before)."""
+    for name in ("cpuset.cpus", "cpuset.mems"):
+        path = directory / name
+        if path.exists() and not path.read_text().strip():
+            path.write_text((directory.parent / name).read_text())
+
+
+def detect(warn: bool = True, cpuset: bool = False) -> list[Hierarchy]:
+    """The writable hierarchies for pids, memory and cpu (and cpuset if asked); logs a note for each of the
+    first three without one."""
     own = _own_paths()
     found: list[Hierarchy] = []
+    controllers = (*CONTROLLERS, CPUSET) if cpuset else CONTROLLERS
     for root, point, options in _mounts():
         fstype, opts = options.split(" ", 1)
         covered = {c for h in found for c in h.controllers}
-        wanted = tuple(c for c in CONTROLLERS if c not in covered and (fstype == "cgroup2" or c in opts.split(",")))
+        wanted = tuple(c for c in controllers if c not in covered and (fstype == "cgroup2" or c in opts.split(",")))
         key = "" if fstype == "cgroup2" else (wanted[0] if wanted else None)
         if not wanted or key not in own or (directory := _inside(root, point, own[key])) is None:
             continue
@@ -93,6 +108,8 @@ def detect(warn: bool = True) -> list[Hierarchy]:
             base.mkdir(exist_ok=True)
             if fstype == "cgroup2":
                 wanted = _enable(base, wanted)
+            else:
+                _inherit_cpuset(base)
         except OSError as exc:
             log.info("cgroup %s at %s is not usable (%s)", ",".join(wanted), directory, exc)
             continue
@@ -143,6 +160,14 @@ class SandboxCgroup:
             with contextlib.suppress(OSError):
                 return (directory / name).read_text()
         return None
+
+    def write(self, values: dict[str, str]) -> None:
+        """Write control files, each in whichever directories have it, in order; OSError if a write fails."""
+        for directory in self.directories:
+            for name, value in values.items():
+                path = directory / name
+                if path.exists():
+                    path.write_text(value)
 
     def apply(self, limits: SandboxLimits) -> None:
         """Write the limits (a failed write is logged, not fatal); members already inside are bound at once."""
@@ -197,10 +222,14 @@ def _settings(limits: SandboxLimits) -> dict[str, str]:
         out.update({"memory.limit_in_bytes": size, "memory.memsw.limit_in_bytes": size})
         out.update({"memory.max": size, "memory.swap.max": "0"})
     if limits.cpus is not None:
-        quota = str(int(limits.cpus * CPU_PERIOD_US))
-        out.update({"cpu.cfs_period_us": str(CPU_PERIOD_US), "cpu.cfs_quota_us": quota})
-        out["cpu.max"] = f"{quota} {CPU_PERIOD_US}"
+        out.update(cpu_quota(limits.cpus))
     return out
+
+
+def cpu_quota(cpus: float) -> dict[str, str]:
+    """The cpu controller's files for a quota of `cpus` cores per CPU_PERIOD_US (v1 and v2 names alike)."""
+    quota = str(max(MIN_CPU_QUOTA_US, int(cpus * CPU_PERIOD_US)))
+    return {"cpu.cfs_period_us": str(CPU_PERIOD_US), "cpu.cfs_quota_us": quota, "cpu.max": f"{quota} {CPU_PERIOD_US}"}
 
 
 def create(hierarchies: list[Hierarchy], owner: str, sandbox_id: str) -> SandboxCgroup:
@@ -212,10 +241,19 @@ def create(hierarchies: list[Hierarchy], owner: str, sandbox_id: str) -> Sandbox
             owner_dir.mkdir(exist_ok=True)
             if hierarchy.version == 2:
                 _enable(owner_dir, hierarchy.controllers)
+            else:
+                _inherit_cpuset(owner_dir)
             directory = owner_dir / sandbox_id
             directory.mkdir()
         except OSError as exc:
             log.warning("cannot create cgroup under %s: %s", owner_dir, exc)
+            continue
+        try:
+            if hierarchy.version == 1:
+                _inherit_cpuset(directory)
+        except OSError as exc:  # nothing could join it
+            log.warning("cannot set up cgroup %s: %s", directory, exc)
+            directory.rmdir()
             continue
         made.append(directory)
     return SandboxCgroup(made)

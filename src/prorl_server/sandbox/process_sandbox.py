@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.base import Runtime, Sandbox, SandboxError
 from prorl_server.sandbox.cgroups import SandboxCgroup
+from prorl_server.sandbox.cpu_grants import CpuPool, Dop, SandboxCpu
 from prorl_server.sandbox.limits import Watchdog, join_cgroups_argv
 from prorl_server.sandbox.loopback import LoopbackAllocator
 from prorl_server.sandbox.network_guard import NetworkGuard
@@ -47,6 +48,7 @@ from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tools.protocol import ENV_SANDBOX_ID, SOCKET_NAME
 
 if TYPE_CHECKING:
+    from prorl_server.actions import Grant
     from prorl_server.tools.client import ToolClient
 
 log = logging.getLogger(__name__)
@@ -305,6 +307,8 @@ class ProcessSandbox(Sandbox):
     `monitor`: the top process only watches the others (bwrap), so SIGTERM goes to everything but it, and it
     exits once they are gone; signalling it first would orphan its child. `sweep_tags`: also kill, on close,
     processes outside the group and cgroups that carry the sandbox id (the local runtime, no pid namespace).
+    `cpu`: its share of the server's CPU pool, which every tool action is granted cores from (None: the
+    static quota of its limits only).
     """
 
     def __init__(
@@ -319,8 +323,10 @@ class ProcessSandbox(Sandbox):
         watchdog: Watchdog,
         on_close: Callable[[ProcessSandbox], None],
         grace_s: float = 2.0,
+        cpu: SandboxCpu | None = None,
     ) -> None:
         self.id = slot.sandbox_id
+        self.cpu = cpu
         self.spec = spec
         self.pid = popen.pid
         self.address = address
@@ -348,7 +354,13 @@ class ProcessSandbox(Sandbox):
             from prorl_server.tools.client import ToolClient
 
             self._tools = ToolClient(str(self.socket_path))
+            if self.cpu is not None:
+                self._tools.admission = self.cpu.admit
         return self._tools
+
+    def grant(self, kind: str, dop: Dop | None) -> contextlib.AbstractAsyncContextManager[Grant | None]:
+        """Cores from the server's pool for one action (see Sandbox.grant)."""
+        return contextlib.nullcontext() if self.cpu is None else self.cpu.action(kind, dop)
 
     @property
     def closed(self) -> bool:
@@ -432,6 +444,7 @@ class ProcessRuntime(Runtime):
         ready_timeout_s: float = 30.0,
         grace_s: float = 2.0,
         network_guard: NetworkGuard | None = None,
+        cpu_pool: CpuPool | None = None,
     ) -> None:
         check_socket_room(base_dir, owner)
         self.owner = owner
@@ -440,7 +453,8 @@ class ProcessRuntime(Runtime):
         self.ready_timeout_s = ready_timeout_s
         self.grace_s = grace_s
         self.watchdog = Watchdog()
-        self.cgroups = cgroups.detect()
+        self.cpu_pool = cpu_pool  # grants each tool action its cores (cpu_grants.py); None: static quotas
+        self.cgroups = cgroups.detect(cpuset=cpu_pool is not None)
         self.network_guard = network_guard  # the ports sandboxes sharing the host network may not connect to
         self._starting = 0
         self._lock = threading.Lock()
@@ -515,6 +529,7 @@ class ProcessRuntime(Runtime):
             watchdog=self.watchdog,
             on_close=self._closed,
             grace_s=self.grace_s,
+            cpu=None if self.cpu_pool is None else SandboxCpu(self.cpu_pool, slot.cgroup, slot.sandbox_id),
         )
         if not spec.tools:  # nothing serves the socket: let connects fail at once
             sandbox.socket_path.unlink(missing_ok=True)
@@ -529,6 +544,8 @@ class ProcessRuntime(Runtime):
             finally:
                 with self._lock:
                     self._starting -= 1
+        if sandbox.cpu is not None:  # started: from now on it has cores while an action runs
+            sandbox.cpu.lower()
         return sandbox
 
     def _closed(self, sandbox: ProcessSandbox) -> None:

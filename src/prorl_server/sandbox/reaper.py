@@ -175,7 +175,7 @@ def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tag
 
 def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
     """Kill what is left in an owner's cgroups, remove them and its private directories."""
-    for directory in cgroups.owner_directories(cgroups.detect(warn=False)).get(owner, []):
+    for directory in cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)).get(owner, []):
         with contextlib.suppress(OSError):
             leftover = cgroups.SandboxCgroup([d for d in directory.iterdir() if d.is_dir()])
             leftover.kill()
@@ -187,7 +187,7 @@ def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
 def reap_orphans(current_owner: str | None = None, base_dir: Path = DEFAULT_BASE_DIR) -> list[Tagged]:
     """Server start: kill the processes of dead owners and remove their files; live owners are left alone."""
     owners = {p.owner for p in tagged_processes()}
-    owners |= set(cgroups.owner_directories(cgroups.detect(warn=False)))
+    owners |= set(cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)))
     with contextlib.suppress(OSError):
         owners |= {d.name for d in base_dir.iterdir()}
     killed: list[Tagged] = []

@@ -25,6 +25,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -111,6 +112,9 @@ class ToolClient:
         self._closed = False
         # metrics: each answered or failed (ToolError) request: (action, seconds, succeeded)
         self.on_request: Callable[[str, float, bool], None] | None = None
+        # resources held around each request, by action (the sandbox's CPU grants, cpu_grants.py); its wait
+        # counts against no deadline
+        self.admission: Callable[[str], AbstractAsyncContextManager[object]] | None = None
 
     async def ping(self) -> int:
         """The server's PID; raises SandboxGone when nothing answers on the socket."""
@@ -208,6 +212,12 @@ class ToolClient:
         """Send one request and return its response, validated (a model of responses.py); unless it is `ok`
         raises the `ToolError` subclass of its `error` code (`tool_error`), ProtocolError when the response
         breaks the protocol, ToolTimeout past `deadline_s`, SandboxGone when the server is not there."""
+        if self.admission is None:
+            return await self._measured(action, deadline_s, args)
+        async with self.admission(action):
+            return await self._measured(action, deadline_s, args)
+
+    async def _measured(self, action: str, deadline_s: float | None, args: dict[str, Any]) -> Any:
         if self.on_request is None:
             return await self._request(action, deadline_s, args)
         started = time.monotonic()
