@@ -150,6 +150,7 @@ class SandboxCpu:
             )
         self._lock = threading.Lock()
         self._held: dict[int, tuple[int, tuple[int, ...]]] = {}  # grant id -> (cores, pinned ids)
+        self._written: dict[str, str] = {}  # control file -> the value last written (each write costs ~50 us)
 
     @contextlib.asynccontextmanager
     async def action(self, kind: str, dop: Dop | None = None) -> AsyncIterator[Grant]:
@@ -194,8 +195,10 @@ class SandboxCpu:
                 self._write("cpuset", {"cpuset.cpus": format_cpus(sorted(ids) or list(self.pool.cpu_ids))})
 
     def _write(self, controller: str, values: dict[str, str]) -> None:
+        changed = {name: value for name, value in values.items() if self._written.get(name) != value}
         try:
-            self.cgroup.write(values)
+            self.cgroup.write(changed)
+            self._written.update(changed)
         except OSError as exc:
             if controller == "cpu":
                 self.quota = False
