@@ -14,7 +14,7 @@ import pytest
 from prorl_server.actions import ActionRefused, ActionScheduler
 from prorl_server.api.state import build_cpu_pool
 from prorl_server.config import ServerSettings
-from prorl_server.sandbox import SandboxLimits
+from prorl_server.sandbox import SandboxError, SandboxLimits
 from prorl_server.sandbox.cgroups import SandboxCgroup
 from prorl_server.sandbox.cpu_grants import CpuPool, SandboxCpu, reserve_for
 
@@ -190,7 +190,7 @@ def test_the_setting_turns_the_pool_off_and_sizes_it_from_the_usable_cores():
     assert pool.idle_cpus == 0.1
     assert build_cpu_pool(ServerSettings(action_cpu_reserve=0, action_idle_cpus=0.25)).cpu_ids == CPUS
     assert (reserve_for(2), reserve_for(16), reserve_for(128)) == (0, 1, 8)
-    with pytest.raises(Exception, match="leaves no core"):
+    with pytest.raises(SandboxError, match="leaves no core"):
         build_cpu_pool(ServerSettings(action_cpu_reserve=len(CPUS)))
 
 
