@@ -16,7 +16,7 @@ from prorl_server.api.state import build_cpu_pool
 from prorl_server.config import ServerSettings
 from prorl_server.sandbox import SandboxError, SandboxLimits
 from prorl_server.sandbox.cgroups import SandboxCgroup
-from prorl_server.sandbox.cpu_grants import CpuPool, SandboxCpu, reserve_for
+from prorl_server.sandbox.cpu_grants import CpuPool, SandboxCpu, cpu_slice, format_cpus, parse_cpus, reserve_for
 
 pytest_plugins = ("sandbox_fixtures",)
 
@@ -106,8 +106,7 @@ async def test_with_one_pool_core_two_sandboxes_actions_take_turns(isolated):
     outputs = await asyncio.gather(first.bash(SPAN.format(s=0.4)), second.bash(SPAN.format(s=0.4)))
     spans = sorted(tuple(map(float, o.output.split())) for o in outputs)
     assert spans[0][1] <= spans[1][0], spans  # the second started after the first ended
-    books = pool.scheduler.books()
-    assert books.queued_s_total >= 0.3
+    assert pool.scheduler.books().granted_total == 4  # two starts, two commands
     books_balanced(pool)
 
 
@@ -167,8 +166,8 @@ async def test_file_and_editor_actions_hold_a_grant_too(isolated):
     await sandbox.edit("str_replace", "notes.txt", old_str="one", new_str="two")
     assert (await sandbox.read_file("notes.txt")) == "two\n"
     assert await sandbox.tools.download("notes.txt") == b"two\n"
-    assert set(pool.scheduler.models.kinds()) == {"files", "edit"}
-    assert pool.scheduler.books().granted_total == 4
+    assert set(pool.scheduler.models.kinds()) == {"start", "files", "edit"}
+    assert pool.scheduler.books().granted_total == 5  # its start and four file or editor calls
     books_balanced(pool)
 
 
@@ -211,3 +210,74 @@ async def test_a_cgroup_without_a_writable_cpu_controller_keeps_its_quota_and_sa
     assert sum("no cgroup cpu controller" in n for n in notes) == 1, notes
     assert sum("cannot change the cpu cgroup" in n for n in notes) == 1, notes
     books_balanced(pool)
+
+
+async def test_a_command_with_dop_0_holds_no_core_and_runs_beside_a_busy_pool(isolated):
+    pool = pool_of(1)
+    isolated.remake(cpu_pool=pool)
+    busy, waiting = await asyncio.gather(isolated.start(), isolated.start())
+    held = asyncio.ensure_future(busy.bash("sleep 1"))
+    await until(lambda: pool.scheduler.books().running == 1)
+    out = await asyncio.wait_for(waiting.bash("echo dop=${PRORL_DOP:-unset}; sleep 0.2", dop=0), 5)
+    assert out.output.strip() == "dop=unset"  # ran while the only core was held: it asked none
+    assert not held.done()
+    if waiting.cpu.quota:
+        assert quota_cores(waiting) == pytest.approx(0.1)  # it ran on the idle share
+    await held
+    assert pool.scheduler.books().granted_total == 3  # two starts and the busy command
+    books_balanced(pool)
+
+
+async def test_a_sandbox_start_is_an_action_that_waits_for_its_core(isolated):
+    pool = pool_of(1)
+    isolated.remake(cpu_pool=pool)
+    busy = await isolated.start()
+    held = asyncio.ensure_future(busy.bash("sleep 1"))
+    await until(lambda: pool.scheduler.books().running == 1)
+    starting = asyncio.ensure_future(isolated.start())
+    await until(lambda: pool.scheduler.books().waiting == 1)
+    assert not starting.done()
+    await held
+    started = await asyncio.wait_for(starting, 30)
+    if started.cpu.quota:
+        assert quota_cores(started) == pytest.approx(0.1)  # lowered once its execution server answered
+    assert pool.scheduler.models["start"].observations == 2
+    books_balanced(pool)
+
+
+async def test_a_static_sandbox_keeps_its_quota_outside_the_pool(isolated):
+    pool = pool_of(1)
+    isolated.remake(cpu_pool=pool)
+    sandbox = await isolated.start(limits=SandboxLimits(cpus=0.5), cpu_grants="static")
+    assert sandbox.cpu is None
+    static = quota_cores(sandbox)
+    out = await sandbox.bash("echo dop=${PRORL_DOP:-unset}", dop=(1, 8))
+    assert out.output.strip() == "dop=unset"
+    assert quota_cores(sandbox) == static and static in (None, pytest.approx(0.5))
+    assert pool.scheduler.books().granted_total == 0  # neither its start nor its command took a core
+
+
+def test_a_cpu_list_names_the_pool_and_servers_sharing_a_node_get_disjoint_slices():
+    assert parse_cpus("0-3,8, 10-11") == (0, 1, 2, 3, 8, 10, 11)
+    for bad in ("", "a", "3-1", "-1", "1-"):
+        with pytest.raises(ValueError, match="not a CPU list"):
+            parse_cpus(bad)
+    ids = tuple(range(10))
+    slices = [cpu_slice(ids, i, 3) for i in range(3)]
+    assert [len(s) for s in slices] == [3, 3, 4] and sorted(sum(slices, ())) == list(ids)
+    assert [cpu_slice((0, 1), i, 3) for i in range(3)] == [(0,), (1,), (0,)]  # more servers than CPUs
+    with pytest.raises(ValueError, match="does not exist"):
+        cpu_slice(ids, 3, 3)
+    pool = build_cpu_pool(ServerSettings(action_cpus=format_cpus(CPUS[-1:])))
+    assert pool.cpu_ids == CPUS[-1:] and pool.scheduler.cpus == 1
+    with pytest.raises(SandboxError, match="not among those this process may use"):
+        build_cpu_pool(ServerSettings(action_cpus="4096"))
+
+
+def test_prorl_server_slurm_cpus_prints_a_servers_slice(capsys):
+    from prorl_server.cli import main
+
+    main(["slurm", "cpus", "--index", "0", "--count", "1"])
+    assert parse_cpus(capsys.readouterr().out.strip()) == CPUS
+    with pytest.raises(SystemExit, match="slice 2 of 2 does not exist"):
+        main(["slurm", "cpus", "--index", "2", "--count", "2"])

@@ -24,7 +24,7 @@ class SandboxedHandler(AgentHandler):
         self.sandbox_ids.append(sandbox.id)
 
     async def run(self, ctx: JobContext) -> None:
-        await ctx.sandbox.bash("sleep 600", timeout=600)
+        await ctx.sandbox.bash("sleep 600", timeout=600, dop=0)  # waits: holds no core
 
     async def eval(self, ctx: JobContext) -> float:
         return 1.0

@@ -14,16 +14,20 @@ mkdir -p "$RUN_DIR/logs"
 key_flag=""   # the servers' key: $PRORL_API_KEY, else the user's key file (config.sh), unless NO_API_KEY=1
 if [ "$NO_API_KEY" = 1 ]; then key_flag=--no-api-key; fi
 
+cpus_flag=()   # servers sharing the node: each its own slice of its CPUs for the action scheduler
 servers=() announcers=()
 trap 'log "signal: stopping servers ${servers[*]}"; stop_and_reap "${servers[@]}"' TERM INT
 for i in $(seq 0 $(( SERVERS_PER_NODE - 1 ))); do
   port=$(( SERVER_PORT + i ))
+  if [ "$SERVERS_PER_NODE" -gt 1 ]; then
+    cpus_flag=(--action-cpus "$("$PRORL_SERVER" slurm cpus --index "$i" --count "$SERVERS_PER_NODE")")
+  fi
   # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags, key_flag one or none
   "$PRORL_SERVER" serve --host "$SERVER_BIND" --port "$port" \
       --init-workers "${INIT_WORKERS:-$share}" --run-workers "${RUN_WORKERS:-$(( 8 * share ))}" \
       --eval-workers "${EVAL_WORKERS:-$share}" --runtime "$SANDBOX_RUNTIME" \
       --sandbox-dir "${SANDBOX_DIR:-${TMPDIR:-/tmp}}" \
-      ${SANDBOX_IMAGE:+--image "$SANDBOX_IMAGE"} $key_flag $SERVER_ARGS \
+      ${SANDBOX_IMAGE:+--image "$SANDBOX_IMAGE"} "${cpus_flag[@]}" $key_flag $SERVER_ARGS \
       >"$RUN_DIR/logs/server-$host-$i.log" 2>&1 &
   servers+=($!)
   log "server $i: pid $! on port $port, $share cores"

@@ -71,7 +71,7 @@ def add_slurm(sub: argparse._SubParsersAction) -> None:
     """The `slurm` subcommand: the steps of the sbatch scripts in deploy/slurm/ (prorl_server.launch.slurm)."""
     from prorl_server.launch.slurm_cli import add_arguments
 
-    slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register)")
+    slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register, cpus)")
     add_arguments(slurm)
 
 

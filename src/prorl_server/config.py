@@ -79,6 +79,11 @@ class ServerSettings(BaseModel):
         description="Cores (the lowest-numbered this process may use) kept out of the action pool for the server "
         "itself (default: one per 16 usable cores, none below 16).",
     )
+    action_cpus: str | None = Field(
+        default=None,
+        description="The CPU ids of the action pool, as a list such as 2-7,10 (default: the CPUs this process may "
+        "use but the reserve). Servers sharing a node take disjoint lists (deploy/slurm does).",
+    )
     action_idle_cpus: float = Field(
         default=0.1,
         gt=0,

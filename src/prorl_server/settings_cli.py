@@ -31,7 +31,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "results journal": ("journal", "journal_sync", "journal_compact_interval_s"),
     "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image", "sandbox_dir"),
-    "action scheduler": ("action_scheduler", "action_cpu_reserve", "action_idle_cpus"),
+    "action scheduler": ("action_scheduler", "action_cpus", "action_cpu_reserve", "action_idle_cpus"),
     "LLM backends": (
         "llm_servers",
         "placement",
@@ -98,6 +98,7 @@ METAVARS: dict[str, str] = {
     "judge_model": "MODEL",
     "judge_rate": "PER_SECOND",
     "action_cpu_reserve": "CORES",
+    "action_cpus": "LIST",
     "action_idle_cpus": "CORES",
     "handlers": "[NAME=]MODULE:CLASS",
     "journal": "PATH",

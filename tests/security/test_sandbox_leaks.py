@@ -45,7 +45,7 @@ class SyncSandboxHandler(AgentHandler):
         outcome = "returned"
         try:
             sandbox = ctx.wait(ctx.start_sandbox())
-            ctx.wait(sandbox.bash("sleep 600", timeout=600))
+            ctx.wait(sandbox.bash("sleep 600", timeout=600, dop=0))
         except Exception as exc:
             outcome = type(exc).__name__
             raise

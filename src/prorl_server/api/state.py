@@ -272,7 +272,7 @@ def build_cpu_pool(settings: ServerSettings) -> CpuPool | None:
     if not settings.action_scheduler:
         return None
     try:
-        pool = CpuPool.for_node(settings.action_cpu_reserve, settings.action_idle_cpus)
+        pool = CpuPool.for_node(settings.action_cpu_reserve, settings.action_idle_cpus, settings.action_cpus)
     except ValueError as exc:
         raise SandboxError(str(exc)) from None
     log.info("action scheduler: %d cores (CPUs %s) granted per sandbox action", len(pool.cpu_ids), pool.cpu_ids)

@@ -44,11 +44,17 @@ def check_spec(spec: SandboxSpec) -> None:
 
 
 def sandbox_spec(spec: SandboxSpec, bridge: SessionBridge, model: str) -> SandboxSpec:
-    """`spec` with the bridge's socket bound in and the gateway's variables set (checked with `check_spec`)."""
+    """`spec` with the bridge's socket bound in and the gateway's variables set (checked with `check_spec`).
+
+    Unless the spec says otherwise, its CPU is `static`: the harness inside runs its own commands between
+    model calls, which the server's action scheduler cannot see (docs/sandboxes.md, "CPU per action")."""
     check_spec(spec)
     bind = Bind(source=str(bridge.socket_path), target=SANDBOX_SOCKET, read_only=True)
     env = {**spec.env, **gateway_env(model)}
-    return spec.model_copy(update={"binds": [*spec.binds, bind], "env": env})
+    update: dict[str, object] = {"binds": [*spec.binds, bind], "env": env}
+    if "cpu_grants" not in spec.model_fields_set:
+        update["cpu_grants"] = "static"
+    return spec.model_copy(update=update)
 
 
 async def start_relay(sandbox: Sandbox) -> None:

@@ -1,18 +1,21 @@
-"""`prorl-server slurm announce|register`: the Python steps of the sbatch scripts in deploy/slurm/."""
+"""`prorl-server slurm announce|register|cpus`: the Python steps of the sbatch scripts in deploy/slurm/."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from prorl_server.launch.slurm import ENDPOINTS_FILE, DeploymentError, announce, register
+from prorl_server.sandbox.cpu_grants import cpu_slice, format_cpus
 
 READY_TIMEOUT_S = 1800.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`announce` (one process is healthy) and `register` (every process is: register and write endpoints)."""
+    """`announce` (one process is healthy), `register` (every process is: register and write endpoints) and
+    `cpus` (one server's share of the node's CPUs)."""
     actions = parser.add_subparsers(dest="slurm_action", required=True)
     one = actions.add_parser(
         "announce",
@@ -35,12 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     every.add_argument("--servers", type=int, required=True, help="rollout servers to wait for")
     every.add_argument("--backends", type=int, required=True, help="LLM backends to wait for")
     every.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for all of them")
+    share = actions.add_parser(
+        "cpus",
+        help="print server INDEX's slice of the CPUs this process may use, out of COUNT servers on the node "
+        "(its --action-cpus)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    share.add_argument("--index", type=int, required=True, help="the server's index on the node, from 0")
+    share.add_argument("--count", type=int, required=True, help="servers on the node")
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    """Run `announce` or `register`; a failure exits non-zero with its reason."""
+    """Run `announce`, `register` or `cpus`; a failure exits non-zero with its reason."""
     try:
-        if args.slurm_action == "announce":
+        if args.slurm_action == "cpus":
+            print(format_cpus(cpu_slice(tuple(sorted(os.sched_getaffinity(0))), args.index, args.count)))
+        elif args.slurm_action == "announce":
             path = announce(args.run_dir, args.role, args.name, args.address, args.health, args.pid, args.timeout)
             print(f"prorl-server slurm: {args.role} {args.address} ready ({path})", flush=True)
         else:
@@ -48,5 +61,5 @@ def run_from_args(args: argparse.Namespace) -> None:
             for server, backends in endpoints.assignment.items():
                 print(f"prorl-server slurm: {server} <- {', '.join(backends)}", flush=True)
             print(f"prorl-server slurm: endpoints written to {args.run_dir / ENDPOINTS_FILE}", flush=True)
-    except DeploymentError as exc:
+    except (DeploymentError, ValueError) as exc:
         sys.exit(f"prorl-server slurm {args.slurm_action}: {exc}")

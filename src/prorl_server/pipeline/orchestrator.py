@@ -389,6 +389,8 @@ class Orchestrator:
         self._ready_gate.abandon_loop(dead_loop)
         if self.judge is not None:
             self.judge.quota.abandon_loop(dead_loop)
+        if self.sandboxes is not None and self.sandboxes.runtime.cpu_pool is not None:
+            self.sandboxes.runtime.cpu_pool.scheduler.abandon_loop(dead_loop)
         for job in jobs:
             stage = job.stage
             error = ErrorInfo(

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from prorl_server.sandbox.cpu_grants import Dop, dop_prefix
+from prorl_server.sandbox.cpu_grants import CpuPool, Dop, dop_prefix
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ class Runtime(ABC):
     """Starts sandboxes of one kind (apptainer, bubblewrap, local)."""
 
     name: str
+    cpu_pool: CpuPool | None = None
+    """The pool its sandboxes' actions are granted cores from (cpu_grants.py); None: static quotas only."""
 
     @abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:

@@ -16,8 +16,9 @@ import contextlib
 import contextvars
 import logging
 import os
+import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 
 from prorl_server.actions import ActionDemand, ActionScheduler, Grant
@@ -26,13 +27,15 @@ from prorl_server.sandbox.cgroups import SandboxCgroup, cpu_quota
 log = logging.getLogger(__name__)
 
 Dop = int | tuple[int, int]
-"""Cores an action can use: `n` (fixed), or a (minimum, maximum) range."""
+"""Cores an action can use: `n` (fixed), or a (minimum, maximum) range; 0: none, it mostly waits."""
 DEFAULT_DOP = (1, 1)
 """Cores an action asks unless its caller says more (`sandbox.bash(..., dop=(1, 8))`)."""
 DEFAULT_IDLE_CPUS = 0.1
 """Cores a sandbox gets between its actions, by default."""
 ENV_DOP = "PRORL_DOP"
 """The variable a bash action sees its granted cores in."""
+START_KIND = "start"
+"""The action kind of a sandbox's start (one core, from launch until its execution server answers)."""
 KINDS = {
     "bash": "bash",
     "ipython": "ipython",
@@ -51,6 +54,28 @@ _holding: contextvars.ContextVar[SandboxCpu | None] = contextvars.ContextVar("pr
 def reserve_for(cores: int) -> int:
     """Cores kept out of the pool by default: one per 16 usable cores (none below 16)."""
     return cores // 16
+
+
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """A CPU list (`0-3,8`) as sorted ids; ValueError when it is not one."""
+    ids: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+        if high < low:
+            raise ValueError(f"not a CPU list (such as 0-3,8): {text!r}")
+        ids.update(range(low, high + 1))
+    return tuple(sorted(ids))
+
+
+def cpu_slice(ids: tuple[int, ...], index: int, count: int) -> tuple[int, ...]:
+    """The `index`-th of `count` near-equal disjoint slices of `ids` (each at least one id when it can be)."""
+    if not 0 <= index < count:
+        raise ValueError(f"slice {index} of {count} does not exist")
+    if count > len(ids):
+        return (ids[index % len(ids)],)  # more servers than CPUs: they share, one each
+    start, stop = index * len(ids) // count, (index + 1) * len(ids) // count
+    return ids[start:stop]
 
 
 def format_cpus(ids: tuple[int, ...] | list[int]) -> str:
@@ -89,10 +114,22 @@ class CpuPool:
         self._said: set[str] = set()
 
     @classmethod
-    def for_node(cls, reserve: int | None = None, idle_cpus: float = DEFAULT_IDLE_CPUS) -> CpuPool:
+    def for_node(
+        cls, reserve: int | None = None, idle_cpus: float = DEFAULT_IDLE_CPUS, cpus: str | None = None
+    ) -> CpuPool:
         """The CPUs this process may use (`sched_getaffinity`), but for the first `reserve` (default
-        `reserve_for`), left to the server itself. ValueError if no core would be left."""
+        `reserve_for`), left to the server itself; or exactly the list `cpus` (`0-3,8`), which this process
+        must be allowed to use. ValueError if no core would be left or the list is wrong."""
         usable = tuple(sorted(os.sched_getaffinity(0)))
+        if cpus is not None:
+            ids = parse_cpus(cpus)
+            outside = sorted(set(ids) - set(usable))
+            if outside:
+                raise ValueError(
+                    f"--action-cpus {cpus}: CPUs {format_cpus(outside)} are not among those this process may use "
+                    f"({format_cpus(usable)})"
+                )
+            return cls(ActionScheduler(cpus=len(ids), memory_mb=0), ids, idle_cpus)
         reserve = reserve_for(len(usable)) if reserve is None else reserve
         if not 0 <= reserve < len(usable):
             raise ValueError(
@@ -153,19 +190,33 @@ class SandboxCpu:
         self._written: dict[str, str] = {}  # control file -> the value last written (each write costs ~50 us)
 
     @contextlib.asynccontextmanager
-    async def action(self, kind: str, dop: Dop | None = None) -> AsyncIterator[Grant]:
+    async def action(self, kind: str, dop: Dop | None = None) -> AsyncIterator[Grant | None]:
         """Hold a grant for one action of this sandbox (queued until the pool has the cores; ActionRefused
-        when it never will): the cgroup is raised for the block and lowered after."""
-        async with self.pool.scheduler.action(ActionDemand(kind, cpu_range(dop))) as grant:
-            ids = self.pool.pin(grant.cpu) if self.cpuset else ()
+        when it never will): the cgroup is raised for the block and lowered after. `dop=0`: no grant (None),
+        for a command that mostly waits; it runs on what the sandbox has (the idle share, or other grants)."""
+        if dop == 0:
             token = _holding.set(self)
             try:
-                self._change(grant.id, (grant.cpu, ids))
-                yield grant
+                yield None
             finally:
-                self._change(grant.id, None)
-                self.pool.unpin(ids)
                 _holding.reset(token)
+            return
+        async with self.pool.scheduler.action(ActionDemand(kind, cpu_range(dop))) as grant:
+            with self.hold(grant):
+                yield grant
+
+    @contextlib.contextmanager
+    def hold(self, grant: Grant) -> Iterator[None]:
+        """Apply `grant` (taken from the pool's scheduler) to this sandbox's cgroup for the block."""
+        ids = self.pool.pin(grant.cpu) if self.cpuset else ()
+        token = _holding.set(self)
+        try:
+            self._change(grant.id, (grant.cpu, ids))
+            yield
+        finally:
+            self._change(grant.id, None)
+            self.pool.unpin(ids)
+            _holding.reset(token)
 
     def admit(self, action: str) -> AbstractAsyncContextManager[object]:
         """For the tool client: a grant of the default size around an execution-server request, unless the
@@ -174,10 +225,6 @@ class SandboxCpu:
         if kind is None or _holding.get() is self:
             return contextlib.nullcontext()
         return self.action(kind)
-
-    def lower(self) -> None:
-        """Down to the idle share (after the start, before any action)."""
-        self._change(None, None)
 
     def _change(self, grant_id: int | None, held: tuple[int, tuple[int, ...]] | None) -> None:
         """Record a grant taken (`held`) or returned (None), then write the cgroup's quota and cpuset."""

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prorl_server.actions import ActionDemand
 from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.base import Runtime, Sandbox, SandboxError
 from prorl_server.sandbox.cgroups import SandboxCgroup
-from prorl_server.sandbox.cpu_grants import CpuPool, Dop, SandboxCpu
+from prorl_server.sandbox.cpu_grants import START_KIND, CpuPool, Dop, SandboxCpu
 from prorl_server.sandbox.limits import Watchdog, join_cgroups_argv
 from prorl_server.sandbox.loopback import LoopbackAllocator
 from prorl_server.sandbox.network_guard import NetworkGuard
@@ -509,7 +510,16 @@ class ProcessRuntime(Runtime):
             return POLL_S * max(1, self._starting)
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        """Start a sandbox and return once its execution server answers (at once with `tools=False`)."""
+        """Start a sandbox and return once its execution server answers (at once with `tools=False`).
+
+        With a CPU pool, a `per_action` sandbox's start is an action (kind `start`, one core): it waits for
+        its core, and the sandbox is at the idle share once started."""
+        if self.cpu_pool is None or spec.cpu_grants == "static":
+            return await self._start(spec, None)
+        async with self.cpu_pool.scheduler.action(ActionDemand(START_KIND)) as grant:
+            return await self._start(spec, grant)
+
+    async def _start(self, spec: SandboxSpec, grant: Grant | None) -> ProcessSandbox:
         # a network namespace of its own needs no ruleset; one is built off the event loop, once per set of ports
         landlock_fd = None if spec.network == "none" else await asyncio.to_thread(self.landlock_fd, spec)
         address = self.loopback.allocate() if spec.network == "loopback" else None
@@ -529,11 +539,12 @@ class ProcessRuntime(Runtime):
             watchdog=self.watchdog,
             on_close=self._closed,
             grace_s=self.grace_s,
-            cpu=None if self.cpu_pool is None else SandboxCpu(self.cpu_pool, slot.cgroup, slot.sandbox_id),
+            cpu=None if grant is None else SandboxCpu(self.cpu_pool, slot.cgroup, slot.sandbox_id),
         )
-        if not spec.tools:  # nothing serves the socket: let connects fail at once
-            sandbox.socket_path.unlink(missing_ok=True)
-        else:
+        with contextlib.nullcontext() if sandbox.cpu is None else sandbox.cpu.hold(grant):  # then the idle share
+            if not spec.tools:  # nothing serves the socket: let connects fail at once
+                sandbox.socket_path.unlink(missing_ok=True)
+                return sandbox
             with self._lock:
                 self._starting += 1
             try:
@@ -544,8 +555,6 @@ class ProcessRuntime(Runtime):
             finally:
                 with self._lock:
                     self._starting -= 1
-        if sandbox.cpu is not None:  # started: from now on it has cores while an action runs
-            sandbox.cpu.lower()
         return sandbox
 
     def _closed(self, sandbox: ProcessSandbox) -> None:

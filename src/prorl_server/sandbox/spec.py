@@ -48,6 +48,13 @@ class SandboxSpec(BaseModel):
     fakeroot: bool = Field(default=False, description="apptainer --fakeroot; bubblewrap maps the user to uid 0.")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     tools: bool = Field(default=True, description="Start the execution server (bash, IPython, editor) inside.")
+    cpu_grants: Literal["per_action", "static"] = Field(
+        default="per_action",
+        description="With the action scheduler: 'per_action' grants the sandbox cores while an action (a tool "
+        "call, its start) runs and an idle share between them; 'static' keeps limits.cpus for its whole life, "
+        "outside the pool (for a process inside whose work the server cannot see, such as an agent harness). "
+        "Without the action scheduler every sandbox is static.",
+    )
     allow_api: bool = Field(
         default=False,
         description="With network host or loopback: may connect to the rollout server's own API port "

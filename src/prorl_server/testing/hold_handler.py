@@ -21,7 +21,7 @@ class SandboxHoldHandler(AgentHandler):
     async def run(self, ctx: JobContext) -> None:
         hold_s = float(ctx.instance.get("hold_s", 600))
         try:
-            await ctx.sandbox.bash(f"sleep {hold_s}", timeout=hold_s + 30)
+            await ctx.sandbox.bash(f"sleep {hold_s}", timeout=hold_s + 30, dop=0)  # waits: holds no core
         except asyncio.CancelledError:
             await asyncio.sleep(float(ctx.instance.get("unwind_s", 0)))
             raise

@@ -77,7 +77,7 @@ async def judge(
 
 
 async def _run(sandbox: Sandbox, timeout: float) -> list[Run]:
-    result = await sandbox.bash(f"python3 {RUNNER_PATH} {CONFIG_PATH}", timeout=timeout)
+    result = await sandbox.bash(f"python3 {RUNNER_PATH} {CONFIG_PATH}", timeout=timeout, kind="tests")
     if result.exit_code != 0:
         raise ValueError(f"the test runner ended with {result.exit_code}: {result.output[-300:]}")
     return RUNS.validate_json(await sandbox.read_file(RESULTS_PATH))

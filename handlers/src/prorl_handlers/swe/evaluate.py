@@ -40,7 +40,9 @@ async def evaluate(sandbox: Sandbox, task: SWEInstance, patch: str, timeout: flo
 
     test_files = sorted({test.split("::", 1)[0] for test in task.fail_to_pass + task.pass_to_pass})
     run = await sandbox.bash(
-        f"cd {workdir} && {PYTEST} {' '.join(map(shlex.quote, test_files))} > {LOG_FILE} 2>&1", timeout=timeout
+        f"cd {workdir} && {PYTEST} {' '.join(map(shlex.quote, test_files))} > {LOG_FILE} 2>&1",
+        timeout=timeout,
+        kind="tests",  # its own duration model in the action scheduler
     )
     log = await sandbox.read_file(LOG_FILE)
     summary = SUMMARY.search(log)
