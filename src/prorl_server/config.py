@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from prorl_server.actions.quota import parse_service_quota
 from prorl_server.protocol.jobs import StalePolicy
 from prorl_server.simllm.profile import DEFAULT_PROFILE
 
@@ -36,6 +37,17 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 class ServerSettings(BaseModel):
     """Everything `prorl-server serve` can be told."""
+
+    @field_validator("service_quotas")
+    @classmethod
+    def _service_quotas_parse(cls, value: list[str]) -> list[str]:
+        names = [parse_service_quota(text)[0] for text in value]
+        if "judge" in names:
+            raise ValueError("--service-quota judge=...: the judge's quota is --judge-max-concurrency and --judge-rate")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"--service-quota gives {', '.join(twice)} more than once")
+        return value
 
     host: str = Field(
         default="127.0.0.1", description="Address to bind (with --no-api-key, anything but loopback logs a warning)."
@@ -122,6 +134,12 @@ class ServerSettings(BaseModel):
         gt=0,
         description="Judge requests started per second at most, in bursts of up to one second's worth "
         "(default: unlimited); e.g. a hosted API's requests-per-minute quota / 60.",
+    )
+    service_quotas: list[str] = Field(
+        default_factory=list,
+        description="A quota for an external service handlers call through ctx.service(NAME): "
+        "NAME=MAX_CONCURRENCY[/RATE_PER_S], e.g. search=8/20 (repeatable). A service not listed gets 32 in flight "
+        "and no rate limit; the judge's is set by --judge-max-concurrency and --judge-rate.",
     )
     handlers: list[str] = Field(
         default_factory=list,

@@ -51,6 +51,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "judge_max_concurrency",
         "judge_rate",
     ),
+    "external services": ("service_quotas",),
     "weight updates": ("max_staleness", "stale_policy", "weight_pause_lease_s"),
     "scheduling": (
         "dispatch_policy",
@@ -75,6 +76,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sandbox_image": ("--image",),
     "llm_servers": ("--llm-server",),
     "judge_servers": ("--judge-server",),
+    "service_quotas": ("--service-quota",),
     "handlers": ("--handler",),
     "entry_point_handlers": ("--entry-points",),  # and so --no-entry-points
     "default_timeout_s": ("--timeout",),
@@ -97,6 +99,7 @@ METAVARS: dict[str, str] = {
     "judge_servers": "URL",
     "judge_model": "MODEL",
     "judge_rate": "PER_SECOND",
+    "service_quotas": "NAME=MAX[/RATE]",
     "action_cpu_reserve": "CORES",
     "action_cpus": "LIST",
     "action_idle_cpus": "CORES",

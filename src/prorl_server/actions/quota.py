@@ -27,6 +27,7 @@ import asyncio
 import collections
 import enum
 import math
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -413,13 +414,28 @@ def _deliver(future: asyncio.Future[bool], granted: bool) -> None:
         future.set_result(granted)
 
 
+SERVICE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""What a service's name may be (it labels metrics)."""
+MAX_SERVICES = 64
+"""Services one registry holds at most (each is a metrics label value)."""
+
+
 class QuotaRegistry:
-    """Service quotas by name: created on first use with the `default` config, or configured beforehand."""
+    """Service quotas by name: created on first use with the `default` config, or configured beforehand.
+
+    Names match SERVICE_NAME and a registry holds at most `max_services`, so a handler naming services in a
+    loop (one per URL, say) gets a ValueError instead of growing the metrics without bound."""
 
     def __init__(
-        self, default: QuotaConfig | None = None, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
+        self,
+        default: QuotaConfig | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        max_services: int = MAX_SERVICES,
     ) -> None:
         self.default = default or QuotaConfig()
+        self.max_services = max_services
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -427,10 +443,13 @@ class QuotaRegistry:
 
     def configure(self, name: str, config: QuotaConfig) -> ServiceQuota:
         """Create service `name` with `config`; ValueError when it exists already (configure before use)."""
+        return self.add(ServiceQuota(name, config, clock=self._clock, sleep=self._sleep))
+
+    def add(self, quota: ServiceQuota) -> ServiceQuota:
+        """Hold a quota made elsewhere (the judge's) under its name; ValueError when the name is taken."""
         with self._lock:
-            if name in self._quotas:
-                raise ValueError(f"service {name!r} already has a quota; configure a service before its first use")
-            quota = self._quotas[name] = ServiceQuota(name, config, clock=self._clock, sleep=self._sleep)
+            self._check_new(quota.name)
+            self._quotas[quota.name] = quota
             return quota
 
     def get(self, name: str) -> ServiceQuota:
@@ -438,6 +457,7 @@ class QuotaRegistry:
         with self._lock:
             quota = self._quotas.get(name)
             if quota is None:
+                self._check_new(name)
                 quota = self._quotas[name] = ServiceQuota(name, self.default, clock=self._clock, sleep=self._sleep)
             return quota
 
@@ -446,3 +466,35 @@ class QuotaRegistry:
         with self._lock:
             quotas = list(self._quotas.values())
         return {quota.name: quota.snapshot() for quota in quotas}
+
+    def abandon_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop` died: every service forgets its waiters there and takes back what it never delivered."""
+        with self._lock:
+            quotas = list(self._quotas.values())
+        for quota in quotas:
+            quota.abandon_loop(loop)
+
+    def _check_new(self, name: str) -> None:
+        if name in self._quotas:
+            raise ValueError(f"service {name!r} already has a quota; configure a service before its first use")
+        if not isinstance(name, str) or not SERVICE_NAME.fullmatch(name):
+            raise ValueError(f"a service name is 1 to 64 of A-Z a-z 0-9 _ . -, got {name!r}")
+        if len(self._quotas) >= self.max_services:
+            raise ValueError(
+                f"service {name!r}: this server already has {self.max_services} services, the most it keeps; "
+                "name a service by what it is (one name per API), not per request"
+            )
+
+
+def parse_service_quota(text: str) -> tuple[str, QuotaConfig]:
+    """`NAME=MAX_CONCURRENCY[/RATE_PER_S]` (`search=8/20`: 8 in flight, 20 started per second) as its name and
+    config; ValueError with the reason when it is not that."""
+    name, sep, limits = text.partition("=")
+    concurrency, _, rate = limits.partition("/")
+    if not sep or not SERVICE_NAME.fullmatch(name.strip()):
+        raise ValueError(f"a service quota is NAME=MAX_CONCURRENCY[/RATE_PER_S] (such as search=8/20), got {text!r}")
+    try:
+        config = QuotaConfig(max_concurrency=int(concurrency), rate_per_s=float(rate) if rate else None)
+    except ValueError as exc:
+        raise ValueError(f"service quota {text!r}: {exc}") from None
+    return name.strip(), config

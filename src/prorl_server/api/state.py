@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
@@ -133,6 +134,7 @@ class ServerState:
                 judge=build_judge(settings),
                 dispatch=dispatch,
                 gateway=gateway,
+                services=build_services(settings),
             ),
             gateway,
         )
@@ -222,6 +224,14 @@ def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: Dis
     return SessionRegistry(
         backends, limits, operator_key=settings.api_key, dispatch=dispatch, public_url=settings.gateway_public_url()
     )
+
+
+def build_services(settings: ServerSettings) -> QuotaRegistry:
+    """The quotas of the external services handlers call (`--service-quota`; others get the defaults)."""
+    services = QuotaRegistry()
+    for text in settings.service_quotas:
+        services.configure(*parse_service_quota(text))
+    return services
 
 
 def build_judge(settings: ServerSettings) -> JudgePool | None:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prorl_server.actions.quota import QuotaRegistry, Slot
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
@@ -59,6 +60,7 @@ class JobContext:
     - `agent_config`: agent settings such as `max_turns`.
     - `llm`: the job's token-in/token-out session; it fills `trajectory`.
     - `judge`: the LLM judge, in EVAL only (a separate pool; its tokens never enter `trajectory`).
+    - `service(name)`: a slot of an external service's quota, held around a call to that service.
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
     """
@@ -75,6 +77,7 @@ class JobContext:
     sandbox: Sandbox | None = None
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _judge: JudgePool | None = field(default=None, repr=False)
+    _services: QuotaRegistry | None = field(default=None, repr=False)
     _gateway: SessionRegistry | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
@@ -99,6 +102,16 @@ class JobContext:
                 "through ctx.llm"
             )
         return self._judge
+
+    def service(self, name: str) -> Slot:
+        """A slot of external service `name`'s quota (`--service-quota`), to hold around one call to it with
+        `async with ctx.service("search") as slot:`; report a 429, a 503 or a timeout with
+        `slot.overloaded(retry_after_s)` (a block that raises TimeoutError counts as one). Calls beyond the
+        limit wait their turn. ValueError for a name that is not 1 to 64 of A-Z a-z 0-9 _ . - or past the
+        server's 64th service."""
+        if self._services is None:
+            raise RuntimeError("this server keeps no service quotas (JobContext built without them)")
+        return self._services.get(name).slot()
 
     async def start_sandbox(self, spec: SandboxSpec | None = None, *, gateway: GatewayAccess | None = None) -> Sandbox:
         """Start a sandbox for this job (the server's default spec unless given).

@@ -235,12 +235,12 @@ class _StateCollector(Collector):
         yield from _backend_gauges(orchestrator)
         sandboxes = orchestrator.sandboxes
         yield _gauge("prorl_sandboxes_live", "Sandboxes open now.", sandboxes.live if sandboxes is not None else 0)
-        if orchestrator.judge is not None:
-            yield from _quota_metrics([orchestrator.judge.quota.snapshot()])
+        yield from _quota_metrics(list(orchestrator.services.snapshot().values()))
 
 
 def _quota_metrics(snapshots: list[QuotaSnapshot]) -> Iterator[Metric]:
-    """The figures of external services' quotas (the judge's), labelled by service."""
+    """The figures of external services' quotas (the judge's, those handlers call through ctx.service),
+    labelled by service."""
     label = ["service"]
     limit = GaugeMetricFamily(
         "prorl_service_concurrency_limit",

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from prorl_server.actions.quota import QuotaRegistry
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import SessionRegistry
 from prorl_server.handlers import (
@@ -80,6 +81,7 @@ class Orchestrator:
         *,
         dispatch: DispatchPolicy,
         gateway: SessionRegistry | None = None,
+        services: QuotaRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.dispatch = dispatch  # orders LLM calls waiting for admission; its predictor learns from completed jobs
@@ -87,6 +89,10 @@ class Orchestrator:
         self.backends = backends
         self.sandboxes = sandboxes
         self.judge = judge  # the LLM judge EVAL reaches as ctx.judge (None: --judge-server not given)
+        # quotas of the external services handlers call (ctx.service), the judge's among them
+        self.services = services or QuotaRegistry()
+        if judge is not None:
+            self.services.add(judge.quota)
         self.gateway = gateway  # the OpenAI gateway's sessions, which handlers open with ctx.gateway_session()
         self.results = ResultStore(settings.result_retention_s)
         self.journal: AdmissionLog | None = None  # told of every admitted job (the results journal)
@@ -245,6 +251,7 @@ class Orchestrator:
             trajectory=trajectory,
             _sandboxes=self.sandboxes,
             _judge=self.judge,
+            _services=self.services,
             _gateway=self.gateway,
         )
         # a handler without an INIT of its own skips that stage's queue and thread hop
@@ -387,8 +394,7 @@ class Orchestrator:
     def _stage_loop_died(self, jobs: list[Job], dead_loop: asyncio.AbstractEventLoop, why: str) -> None:
         """A stage's event loop died and was restarted: fail the jobs that were inside it (on the new loop)."""
         self._ready_gate.abandon_loop(dead_loop)
-        if self.judge is not None:
-            self.judge.quota.abandon_loop(dead_loop)
+        self.services.abandon_loop(dead_loop)
         if self.sandboxes is not None and self.sandboxes.runtime.cpu_pool is not None:
             self.sandboxes.runtime.cpu_pool.scheduler.abandon_loop(dead_loop)
         for job in jobs:
