@@ -216,3 +216,31 @@ class LoopKillerHandler(AgentHandler):
 
     async def eval(self, ctx: JobContext) -> float:
         return 1.0
+
+
+class ServiceHolderHandler(AgentHandler):
+    """Holds a slot of service `one` for an hour, or (`then_kill`) waits in line for one in a task of its own,
+    then takes its stage's loop down as LoopKillerHandler's `task_exit` does."""
+
+    name = "service_holder"
+
+    async def run(self, ctx: JobContext) -> None:
+        if not ctx.instance.get("then_kill"):
+            async with ctx.service("one"):
+                await asyncio.sleep(3600)
+            return
+
+        async def wait_in_line() -> None:
+            async with ctx.service("one"):
+                await asyncio.sleep(3600)
+
+        async def exit_later() -> None:
+            await asyncio.sleep(0.3)
+            raise SystemExit(5)
+
+        loop = asyncio.get_running_loop()
+        ctx.state["tasks"] = [loop.create_task(wait_in_line()), loop.create_task(exit_later())]
+        await asyncio.sleep(3600)
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from fault_handlers import AsyncFaultHandler, LoopKillerHandler, SyncFaultHandler
+from fault_handlers import AsyncFaultHandler, LoopKillerHandler, ServiceHolderHandler, SyncFaultHandler
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.client import RolloutClient
@@ -156,6 +156,27 @@ def test_jobs_queued_behind_a_dying_loop_go_on(server):
     assert all(r["error"]["type"] == "StageLoopDied" for r in failed)
     assert results[0] in failed
     assert sum(r["status"] == "completed" for r in results) >= 3  # at most the other RUN worker's job died too
+    probe(server)
+
+
+def test_a_dead_stage_loop_leaves_no_service_slot_held_or_waiting(start_server, backend, handlers):
+    server = start_server(
+        [backend.address],
+        handlers={**handlers, "service_holder": ServiceHolderHandler()},
+        run_workers=2,
+        cancel_grace_s=GRACE_S,
+        service_quotas=["one=1"],
+    )
+    quota = server.state.orchestrator.services.get("one")
+    bodies = [
+        {"instance": {"data_source": "service_holder"}},
+        {"instance": {"data_source": "service_holder", "then_kill": True}},
+    ]
+    results = post_all(server, bodies)
+    assert [r["error"]["type"] for r in results] == ["StageLoopDied"] * 2
+    figures = quota.snapshot()
+    assert (figures.in_use, figures.waiting) == (0, 0), figures  # the holder's slot came back, the waiter left
+    assert figures.granted_total == figures.released_total == 1
     probe(server)
 
 
