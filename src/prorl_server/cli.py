@@ -187,7 +187,10 @@ def serve(settings: ServerSettings) -> None:
             logging.getLogger("prorl_server").info("signal %s: stopping the pipeline", sig)
 
             def stop_then_exit() -> None:
-                state.orchestrator.stop()
+                try:
+                    state.orchestrator.stop()
+                except Exception:  # still exit: the lifespan's shutdown stops what is left
+                    logging.getLogger("prorl_server").exception("stopping the pipeline failed")
                 uvicorn.Server.handle_exit(self, sig, frame)
 
             threading.Thread(target=stop_then_exit, name="prorl-graceful-stop", daemon=True).start()
