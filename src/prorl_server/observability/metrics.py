@@ -235,7 +235,9 @@ class _StateCollector(Collector):
         yield from _backend_gauges(orchestrator)
         sandboxes = orchestrator.sandboxes
         yield _gauge("prorl_sandboxes_live", "Sandboxes open now.", sandboxes.live if sandboxes is not None else 0)
-        yield from _quota_metrics(list(orchestrator.services.snapshot().values()))
+        services = list(orchestrator.services.snapshot().values())
+        if services:  # no series (not even HELP lines) before a service exists
+            yield from _quota_metrics(services)
 
 
 def _quota_metrics(snapshots: list[QuotaSnapshot]) -> Iterator[Metric]:
