@@ -50,6 +50,10 @@ def parse(*argv: str) -> ServerSettings:
     return settings_from_args(build_parser().parse_args(["serve", *argv]))
 
 
+WELL_FORMED: dict[str, Any] = {"service_quotas": ("search=8/20", "maps=2"), "action_cpus": "0"}
+"""Sample values of the fields whose values are checked for form."""
+
+
 def sample(name: str) -> tuple[list[str], Any]:
     """Flag arguments that set field `name` to something other than its default, and that value."""
     field = FIELDS[name]
@@ -63,8 +67,9 @@ def sample(name: str) -> tuple[list[str], Any]:
         choice = next(c for c in get_args(annotation) if c != field.default)
         return [flag, choice], choice
     if get_origin(annotation) is list:
-        return [flag, "a", flag, "b"], ["a", "b"]
-    value = {int: 2048, float: 7.5, str: "sample", Path: Path("/scratch/local")}[annotation]
+        one, two = WELL_FORMED.get(name, ("a", "b"))
+        return [flag, one, flag, two], [one, two]
+    value = WELL_FORMED.get(name, {int: 2048, float: 7.5, str: "sample", Path: Path("/scratch/local")}[annotation])
     assert value != field.default
     return [flag, str(value)], value
 
