@@ -211,4 +211,3 @@ async def test_kinds_past_the_bound_are_counted_as_other():
     assert len(stats) == MAX_KINDS + 1
     assert stats[OTHER_KIND].granted == stats[OTHER_KIND].completion_s.count == 3
     assert f"kind-{MAX_KINDS - 1}" in stats and f"kind-{MAX_KINDS}" not in stats
-
