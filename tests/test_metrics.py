@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 from handlers_for_tests import GatedHandler, MultiTurnChatHandler, RaisingHandler
 from polling import wait_for
@@ -209,6 +210,11 @@ def test_action_scheduler_metrics_and_status(start_server, backend):
         samples, "prorl_action_completion_seconds_sum", kind="tests"
     )
     assert busy <= completion
+
+    families = {f.name for f in text_string_to_metric_families(server.http.get("/metrics").text)}
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    action_families = {name for name in families if name.startswith("prorl_action_")}
+    assert len(action_families) == 9 and all(f"| `{name}" in documented for name in action_families)
 
     actions = server.http.get("/status").json()["actions"]
     assert (actions["cores"], actions["busy_cores"], actions["waiting"]) == (cores, 0, 0)
