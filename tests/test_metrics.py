@@ -6,6 +6,7 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 from handlers_for_tests import GatedHandler, MultiTurnChatHandler, RaisingHandler
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -158,8 +159,8 @@ def test_two_servers_keep_their_own_metrics(start_server, backend):
 
 
 class ActionsHandler(AgentHandler):
-    """RUN runs two bash actions in a sandbox, one of kind `tests` asking 1 to 2 cores, and one asking more cores
-    than the node has (refused)."""
+    """RUN starts a sandbox (an action of kind `start`) and runs two bash actions in it, one of kind `tests` asking
+    1 to 2 cores, and one asking more cores than the node has (refused)."""
 
     name = "actions"
 
@@ -203,13 +204,13 @@ def test_action_scheduler_metrics_and_status(start_server, backend):
     assert value(samples, "prorl_action_refused_total", kind="tests") == 1
     assert value(samples, "prorl_action_refused_total", kind="bash") == 0
     assert value(samples, "prorl_action_pool_busy_cores") == value(samples, "prorl_action_pool_running") == 0
-    # at least the two actions' core-seconds (one core each); the sandbox start and shutdown hold none
+    assert value(samples, "prorl_action_completion_seconds_count", kind="start") == 1  # the sandbox start
+    # the three actions held one core each, for their completion time but their queueing
+    kinds = ("start", "bash", "tests")
+    completion = sum(value(samples, "prorl_action_completion_seconds_sum", kind=k) for k in kinds)
+    queued = sum(value(samples, "prorl_action_queue_seconds_sum", kind=k) for k in kinds)
     busy = value(samples, "prorl_action_pool_busy_core_seconds_total")
-    assert busy >= value(samples, "prorl_action_completion_seconds_sum", kind="bash") - 0.05
-    completion = value(samples, "prorl_action_completion_seconds_sum", kind="bash") + value(
-        samples, "prorl_action_completion_seconds_sum", kind="tests"
-    )
-    assert busy <= completion
+    assert busy == pytest.approx(completion - queued, abs=1e-6)
 
     families = {f.name for f in text_string_to_metric_families(server.http.get("/metrics").text)}
     documented = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
@@ -218,7 +219,7 @@ def test_action_scheduler_metrics_and_status(start_server, backend):
 
     actions = server.http.get("/status").json()["actions"]
     assert (actions["cores"], actions["busy_cores"], actions["waiting"]) == (cores, 0, 0)
-    assert set(actions["kinds"]) == {"bash", "tests"}
+    assert set(actions["kinds"]) == {"start", "bash", "tests"}
     tests = actions["kinds"]["tests"]
     assert (tests["granted"], tests["completed"], tests["refused"], tests["mean_cores"]) == (1, 1, 1, 1.0)
     assert actions["kinds"]["bash"]["mean_act_s"] == value(samples, "prorl_action_completion_seconds_sum", kind="bash")

@@ -78,8 +78,8 @@ class _Waiter:
 
 @dataclass
 class Books:
-    """The pool's counts at one moment: `busy_core_s` is the integral of its busy cores over time (core-seconds
-    granted, the running actions' included up to now), `queued_s_total` the queueing seconds of every grant."""
+    """The pool's counts at one moment; `busy_core_s` is the integral of its busy cores over time (core-seconds
+    granted, the running actions' included up to now)."""
 
     cpus: int
     free_cpu: int
@@ -90,7 +90,6 @@ class Books:
     granted_total: int
     released_total: int
     refused_total: int
-    queued_s_total: float
     busy_core_s: float
 
 
@@ -183,7 +182,6 @@ class ActionScheduler:
         self._free_cpu = cpus
         self._free_memory = memory_mb
         self._granted = self._released = self._refused = 0
-        self._queued_s = 0.0
         self._kinds: dict[str, _KindTally] = {}
         self._busy_core_s = 0.0  # busy cores integrated over time, up to `_ticked`
         self._ticked = clock()
@@ -262,7 +260,6 @@ class ActionScheduler:
                 granted_total=self._granted,
                 released_total=self._released,
                 refused_total=self._refused,
-                queued_s_total=self._queued_s,
                 busy_core_s=self._busy_core_s + busy * (self._clock() - self._ticked),
             )
 
@@ -336,7 +333,6 @@ class ActionScheduler:
                 self._released += 1
                 continue
             self._granting[waiter] = grant
-            self._queued_s += grant.queued_s
             tally = self._kind_locked(grant.kind)
             tally.granted += 1
             tally.queue.observe(grant.queued_s)

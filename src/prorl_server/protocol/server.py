@@ -79,7 +79,7 @@ class ActionsStatus(BaseModel):
     waiting: int = Field(description="Actions queued for cores.")
     busy_core_seconds: float = Field(description="Busy cores integrated over time since the server started.")
     kinds: dict[str, ActionKindStatus] = Field(
-        description="Per action kind (`bash`, `ipython`, `edit`, `files`, a handler's own; past 32: `other`)."
+        description="Per action kind (`start`, `bash`, `ipython`, `edit`, `files`, a handler's own; past 32: `other`)."
     )
 
 
