@@ -11,6 +11,7 @@ import pytest
 
 from prorl_server.actions import ActionDemand, ActionRefused, ActionScheduler, AmdahlModel
 from prorl_server.actions.allocation import Pending, Running, arrange, plan
+from prorl_server.actions.scheduler import COMPLETION_BUCKETS, CORE_BUCKETS, MAX_KINDS, OTHER_KIND, QUEUE_BUCKETS
 
 
 def amdahl(t1: float, serial: float):
@@ -160,3 +161,51 @@ async def test_thousands_of_random_cancels_leave_the_books_balanced():
     books = scheduler.books()
     assert (books.free_cpu, books.free_memory_mb, books.waiting, books.running) == (4, 4096, 0, 0)
     assert books.granted_total == books.released_total
+
+
+async def test_per_kind_statistics_count_queueing_cores_completion_and_refusals():
+    clock = [0.0]
+    scheduler = ActionScheduler(cpus=2, memory_mb=0, clock=lambda: clock[0])
+    first = await scheduler.acquire(ActionDemand("tests", cpu=(2, 2)))
+    queued = asyncio.ensure_future(scheduler.acquire(ActionDemand("bash")))
+    await asyncio.sleep(0)
+    clock[0] = 3.0
+    assert scheduler.books().busy_core_s == 6.0  # 2 cores for 3 s, the running action included
+    scheduler.release(first)  # tests: ACT 3 s (no queueing); the bash waiter starts after 3 s in the queue
+    second = await queued
+    assert second.queued_s == 3.0
+    clock[0] = 4.5
+    scheduler.release(second)  # bash: ACT 3 + 1.5 s
+    cancelled = await scheduler.acquire(ActionDemand("bash"))
+    clock[0] = 5.0
+    scheduler.release(cancelled, completed=False)  # no completion time
+    with pytest.raises(ActionRefused):
+        await scheduler.acquire(ActionDemand("bash", cpu=(3, 3)))
+
+    stats = scheduler.kind_stats()
+    assert set(stats) == {"tests", "bash"}
+    tests, bash = stats["tests"], stats["bash"]
+    assert (tests.granted, tests.refused, bash.granted, bash.refused) == (1, 0, 2, 1)
+    assert (tests.completion_s.count, tests.completion_s.sum) == (1, 3.0)
+    assert (bash.completion_s.count, bash.completion_s.mean) == (1, 4.5)
+    assert (bash.queue_s.count, bash.queue_s.sum, bash.queue_s.mean) == (2, 3.0, 1.5)
+    assert (tests.cores.mean, bash.cores.mean) == (2.0, 1.0)
+    # buckets: 3 s is above 2.5 and at most 5; 0 s is in the first queue bucket; 2 cores at most 2
+    assert tests.completion_s.counts[COMPLETION_BUCKETS.index(5.0)] == 1
+    assert bash.queue_s.counts[0] == 1 and bash.queue_s.counts[QUEUE_BUCKETS.index(5.0)] == 1
+    assert tests.cores.counts[CORE_BUCKETS.index(2.0)] == 1 and len(tests.cores.counts) == len(CORE_BUCKETS) + 1
+    assert scheduler.books().busy_core_s == 6.0 + 1.5 + 0.5  # bash 1 core from 3 to 4.5 s, the cancelled one 4.5 to 5 s
+    clock[0] = 10.0
+    assert scheduler.books().busy_core_s == 8.0  # nothing busy since
+    assert ActionScheduler(cpus=1, memory_mb=0).kind_stats() == {}
+
+
+async def test_kinds_past_the_bound_are_counted_as_other():
+    scheduler = ActionScheduler(cpus=1, memory_mb=0)
+    for i in range(MAX_KINDS + 3):
+        async with scheduler.action(ActionDemand(f"kind-{i}")):
+            pass
+    stats = scheduler.kind_stats()
+    assert len(stats) == MAX_KINDS + 1
+    assert stats[OTHER_KIND].granted == stats[OTHER_KIND].completion_s.count == 3
+    assert f"kind-{MAX_KINDS - 1}" in stats and f"kind-{MAX_KINDS}" not in stats

@@ -1,13 +1,15 @@
 """The dashboard in headless Chromium (Debian's `chromium`, driven by Playwright): with jobs going through a real
 server started with an API key, the page shows that server's numbers and updates as they change.
 
-The test writes a screenshot for a person to look at: `.pytest-artifacts/dashboard.png` at the repository root.
+The tests write screenshots for a person to look at: `.pytest-artifacts/dashboard.png` (and
+`dashboard-actions.png`, the action scheduler's panel) at the repository root.
 Chromium missing: the test skips, or fails with `PRORL_REQUIRE_CHROMIUM=1` (set by scripts/test.sh where
 scripts/system-deps.sh installed it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import os
 import shutil
@@ -19,10 +21,12 @@ from handlers_for_tests import GatedHandler, MultiTurnChatHandler, RaisingHandle
 from polling import wait_for
 from server_jobs import result
 
+from prorl_server import AgentHandler, JobContext
 from prorl_server.observability.metrics import TOKEN_BUCKETS
 
 REQUIRE_CHROMIUM_ENV = "PRORL_REQUIRE_CHROMIUM"
 SCREENSHOT = Path(__file__).resolve().parent.parent / ".pytest-artifacts" / "dashboard.png"
+ACTIONS_SCREENSHOT = SCREENSHOT.with_name("dashboard-actions.png")
 API_KEY = "dashboard-test-key"
 HOSTILE_ID = "<img src=x onerror=window.pwned=1>"
 NO_VALUE = "\N{EN DASH}"  # what the page shows before its first data, and for a missing reward
@@ -162,5 +166,104 @@ def test_dashboard_says_when_the_server_is_degraded(chromium, start_server, star
             page.wait_for_selector("body[data-loaded='1']")
             assert page.is_visible("#health") and page.text_content("#health") == "degraded"
             assert page.text_content("#health-problems") == "all 1 LLM backends fail their health checks"
+        finally:
+            browser.close()
+
+
+class HeldActionHandler(AgentHandler):
+    """RUN: in a sandbox, a bash action of kind `tests`, then a grant of kind `held` kept until `release` is set."""
+
+    name = "held-action"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def run(self, ctx: JobContext) -> None:
+        sandbox = await ctx.start_sandbox()
+        await sandbox.bash("sleep 0.1", kind="tests")
+        async with sandbox.grant("held", 1):
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+def test_dashboard_shows_the_action_pool(chromium, start_server, backend):
+    from playwright.sync_api import sync_playwright
+
+    handler = HeldActionHandler()
+    server = start_server([backend.address], handlers={"held-action": handler}, runtime="local", action_cpu_reserve=0)
+    assert (
+        server.http.post("/jobs", json={"instance": {"data_source": "held-action"}, "job_id": "h"}).status_code == 202
+    )
+
+    def held() -> bool:
+        return "held" in server.http.get("/status").json()["actions"]["kinds"]
+
+    wait_for(held, 30, "the job holding its `held` grant")
+    actions = server.http.get("/status").json()["actions"]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(f"{server.url}/dashboard")
+            page.wait_for_selector("body[data-loaded='1']")
+            assert page.is_visible("#actions-section")
+
+            def shown(selector: str) -> str | None:
+                return page.text_content(selector)
+
+            cores = actions["cores"]
+            assert (shown("#actions-busy"), shown("#actions-cores")) == ("1", str(cores))
+            assert (shown("#actions-running"), shown("#actions-waiting")) == ("1", "0")
+            assert shown("#actions-utilisation") == f"{100 / cores:.0f}%"
+            assert page.eval_on_selector("#actions-meter", "m => m.value") == 1 / cores
+            tests = actions["kinds"]["tests"]
+            cells = page.locator("#action-kinds tr[data-kind='tests'] td").all_text_contents()
+            assert cells == [
+                "tests",
+                "1",
+                "1",
+                "0",
+                f"{tests['mean_act_s']:.3f}",
+                f"{tests['mean_queue_s']:.3f}",
+                "1.00",
+            ]
+            assert float(cells[4]) >= 0.1  # the sleep
+            held_row = page.locator("#action-kinds tr[data-kind='held'] td")
+            assert held_row.all_text_contents() == [
+                "held",
+                "1",
+                "0",
+                "0",
+                NO_VALUE,
+                f"{actions['kinds']['held']['mean_queue_s']:.3f}",
+                "1.00",
+            ]
+            wait_for(lambda: shown("#actions-recent").endswith("%"), 10, "the utilisation between two updates")
+
+            ACTIONS_SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.locator("#actions-section").screenshot(path=str(ACTIONS_SCREENSHOT))
+            print(f"actions panel screenshot: {ACTIONS_SCREENSHOT}")
+
+            handler.release.set()  # the grant returns: the page follows
+            wait_for(lambda: shown("#actions-busy") == "0", 20, "the page shows the pool idle")
+            wait_for(lambda: held_row.all_text_contents()[2] == "1", 20, "the page shows the held action completed")
+        finally:
+            browser.close()
+
+
+def test_dashboard_hides_the_actions_panel_without_the_scheduler(chromium, start_server, backend):
+    from playwright.sync_api import sync_playwright
+
+    server = start_server([backend.address], action_scheduler=False)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{server.url}/dashboard")
+            page.wait_for_selector("body[data-loaded='1']")
+            assert not page.is_visible("#actions-section")
         finally:
             browser.close()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
+import pytest
 from handlers_for_tests import GatedHandler, MultiTurnChatHandler, RaisingHandler
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from server_jobs import result, submit
 
 from prorl_server import AgentHandler, JobContext
+from prorl_server.actions import ActionRefused
 from prorl_server.observability.metrics import OTHER, BoundedLabels
 from prorl_server.sandbox import SandboxSpec
 from prorl_server.sandbox.limits import SandboxLimits
@@ -152,3 +156,76 @@ def test_two_servers_keep_their_own_metrics(start_server, backend):
     result(first, "only-here")
     assert value(scrape(first), "prorl_results_stored_total") == 1
     assert value(scrape(second), "prorl_results_stored_total") == 0
+
+
+class ActionsHandler(AgentHandler):
+    """RUN starts a sandbox (an action of kind `start`) and runs two bash actions in it, one of kind `tests` asking
+    1 to 2 cores, and one asking more cores than the node has (refused)."""
+
+    name = "actions"
+
+    async def run(self, ctx: JobContext) -> None:
+        sandbox = await ctx.start_sandbox()
+        await sandbox.bash("sleep 0.2")
+        ctx.artifacts["dop"] = (await sandbox.bash("echo $PRORL_DOP", dop=(1, 2), kind="tests")).output.strip()
+        try:
+            await sandbox.bash("echo never", dop=len(os.sched_getaffinity(0)) + 1, kind="tests")
+        except ActionRefused as exc:
+            ctx.artifacts["refused"] = str(exc)
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+def test_action_scheduler_metrics_and_status(start_server, backend):
+    cores = len(os.sched_getaffinity(0))
+    server = start_server(
+        [backend.address], handlers={"actions": ActionsHandler()}, runtime="local", action_cpu_reserve=0
+    )
+    before = scrape(server)
+    assert value(before, "prorl_action_pool_cores") == cores
+    assert value(before, "prorl_action_pool_busy_cores") == value(before, "prorl_action_pool_waiting") == 0
+    assert value(before, "prorl_action_pool_busy_core_seconds_total") == 0
+    server.http.post("/jobs", json={"instance": {"data_source": "actions"}, "job_id": "a"})
+    done = result(server, "a", timeout=60)
+    assert done["status"] == "completed", done["error"]
+    assert done["artifacts"]["dop"] == "1" and "refused" in done["artifacts"]
+
+    samples = scrape(server)
+    assert value(samples, "prorl_action_completion_seconds_count", kind="bash") == 1
+    assert value(samples, "prorl_action_completion_seconds_sum", kind="bash") >= 0.2
+    assert value(samples, "prorl_action_completion_seconds_bucket", kind="bash", le="0.1") == 0
+    assert value(samples, "prorl_action_completion_seconds_bucket", kind="bash", le="+Inf") == 1
+    assert value(samples, "prorl_action_completion_seconds_count", kind="tests") == 1
+    assert value(samples, "prorl_action_queue_seconds_count", kind="tests") == 1
+    assert value(samples, "prorl_action_queue_seconds_sum", kind="tests") < 1  # nothing else held the pool
+    assert value(samples, "prorl_action_granted_cores_sum", kind="tests") == 1  # no duration model yet: the minimum
+    assert value(samples, "prorl_action_granted_cores_bucket", kind="tests", le="1.0") == 1
+    assert value(samples, "prorl_action_refused_total", kind="tests") == 1
+    assert value(samples, "prorl_action_refused_total", kind="bash") == 0
+    assert value(samples, "prorl_action_pool_busy_cores") == value(samples, "prorl_action_pool_running") == 0
+    assert value(samples, "prorl_action_completion_seconds_count", kind="start") == 1  # the sandbox start
+    # the three actions held one core each, for their completion time but their queueing
+    kinds = ("start", "bash", "tests")
+    completion = sum(value(samples, "prorl_action_completion_seconds_sum", kind=k) for k in kinds)
+    queued = sum(value(samples, "prorl_action_queue_seconds_sum", kind=k) for k in kinds)
+    busy = value(samples, "prorl_action_pool_busy_core_seconds_total")
+    assert busy == pytest.approx(completion - queued, abs=1e-6)
+
+    families = {f.name for f in text_string_to_metric_families(server.http.get("/metrics").text)}
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    action_families = {name for name in families if name.startswith("prorl_action_")}
+    assert len(action_families) == 9 and all(f"| `{name}" in documented for name in action_families)
+
+    actions = server.http.get("/status").json()["actions"]
+    assert (actions["cores"], actions["busy_cores"], actions["waiting"]) == (cores, 0, 0)
+    assert set(actions["kinds"]) == {"start", "bash", "tests"}
+    tests = actions["kinds"]["tests"]
+    assert (tests["granted"], tests["completed"], tests["refused"], tests["mean_cores"]) == (1, 1, 1, 1.0)
+    assert actions["kinds"]["bash"]["mean_act_s"] == value(samples, "prorl_action_completion_seconds_sum", kind="bash")
+
+
+def test_without_the_action_scheduler_there_are_no_action_metrics(start_server, backend):
+    server = start_server([backend.address], runtime="local", action_scheduler=False)
+    assert "prorl_action_" not in server.http.get("/metrics").text
+    assert server.http.get("/status").json()["actions"] is None

@@ -8,11 +8,17 @@ them and teaches the action kind's duration model (`elasticity`) how long it too
 Waiters may sit on different event loops (the server runs one per stage, each on its own thread): a grant is
 handed to its waiter's loop with `call_soon_threadsafe`; a waiter cancelled before it sees its grant passes
 it back. An action that could never fit the pool is refused at once (`ActionRefused`).
+
+The scheduler also keeps, per action kind, what `/metrics`, `/status` and the dashboard show (`kind_stats`):
+actions granted and refused, each grant's queueing seconds and cores, each completed action's completion time
+(ACT: queued + run), as bucket counts and sums (a few dict and list updates per action); and the pool's busy
+core-seconds (`Books.busy_core_s`), integrated each time its busy cores change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import threading
@@ -25,6 +31,15 @@ from prorl_server.actions.elasticity import ElasticityModels
 
 UNKNOWN_DURATION_S = 1.0
 """Seconds assumed for an action whose kind has no duration model yet (for the estimate only)."""
+MAX_KINDS = 32
+"""Action kinds (named by handlers) the statistics keep apart; any later kind is counted as `OTHER_KIND`."""
+OTHER_KIND = "other"
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+"""Upper bounds (seconds) of the queueing-time buckets."""
+COMPLETION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+"""Upper bounds (seconds) of the completion-time (ACT) buckets."""
+CORE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+"""Upper bounds of the granted-cores buckets."""
 
 
 class ActionRefused(ValueError):
@@ -63,7 +78,8 @@ class _Waiter:
 
 @dataclass
 class Books:
-    """The pool's counts at one moment."""
+    """The pool's counts at one moment; `busy_core_s` is the integral of its busy cores over time (core-seconds
+    granted, the running actions' included up to now)."""
 
     cpus: int
     free_cpu: int
@@ -74,6 +90,69 @@ class Books:
     granted_total: int
     released_total: int
     refused_total: int
+    busy_core_s: float
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Values observed: `counts[i]` of them above `bounds[i - 1]` and at most `bounds[i]` (the last count: above
+    every bound), and their sum."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        """Values observed."""
+        return sum(self.counts)
+
+    @property
+    def mean(self) -> float | None:
+        """Their mean (None before the first)."""
+        count = self.count
+        return self.sum / count if count else None
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """One action kind's figures since the scheduler was built: actions granted and refused, each grant's
+    queueing seconds and cores, and the completion time (queued + run) of each action that completed (its
+    block did not raise and was not cancelled)."""
+
+    granted: int
+    refused: int
+    queue_s: Distribution
+    cores: Distribution
+    completion_s: Distribution
+
+
+class _Tally:
+    """A Distribution being counted (under the scheduler's lock)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def frozen(self) -> Distribution:
+        return Distribution(self.bounds, tuple(self.counts), self.sum)
+
+
+class _KindTally:
+    __slots__ = ("completion", "cores", "granted", "queue", "refused")
+
+    def __init__(self) -> None:
+        self.granted = self.refused = 0
+        self.queue = _Tally(QUEUE_BUCKETS)
+        self.cores = _Tally(CORE_BUCKETS)
+        self.completion = _Tally(COMPLETION_BUCKETS)
 
 
 class ActionScheduler:
@@ -103,6 +182,9 @@ class ActionScheduler:
         self._free_cpu = cpus
         self._free_memory = memory_mb
         self._granted = self._released = self._refused = 0
+        self._kinds: dict[str, _KindTally] = {}
+        self._busy_core_s = 0.0  # busy cores integrated over time, up to `_ticked`
+        self._ticked = clock()
 
     async def acquire(self, demand: ActionDemand) -> Grant:
         """Wait for cores and memory for `demand` (first come, first served); ActionRefused if it can never fit."""
@@ -125,13 +207,16 @@ class ActionScheduler:
 
     def release(self, grant: Grant, *, completed: bool = True) -> None:
         """Return `grant`'s cores and memory (idempotent); a `completed` action teaches its kind's duration model."""
-        now = self._clock()
         with self._lock:
             if self._running.pop(grant.id, None) is None:
                 return
+            now = self._clock()
+            self._tick_locked(now)
             self._free_cpu += grant.cpu
             self._free_memory += grant.memory_mb
             self._released += 1
+            if completed:
+                self._kind_locked(grant.kind).completion.observe(grant.queued_s + now - grant.started)
             self._dispatch_locked()
         if completed:
             self.models[grant.kind].observe(grant.cpu, now - grant.started)
@@ -151,6 +236,7 @@ class ActionScheduler:
     def abandon_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """`loop` died: forget its waiters and take back the grants it never delivered."""
         with self._lock:
+            self._tick_locked(self._clock())
             self._waiting = [w for w in self._waiting if w.loop is not loop]
             for waiter in [w for w in self._granting if w.loop is loop]:
                 grant = self._granting.pop(waiter)
@@ -163,6 +249,7 @@ class ActionScheduler:
     def books(self) -> Books:
         """The pool's counts now."""
         with self._lock:
+            busy = self.cpus - self._free_cpu
             return Books(
                 cpus=self.cpus,
                 free_cpu=self._free_cpu,
@@ -173,7 +260,16 @@ class ActionScheduler:
                 granted_total=self._granted,
                 released_total=self._released,
                 refused_total=self._refused,
+                busy_core_s=self._busy_core_s + busy * (self._clock() - self._ticked),
             )
+
+    def kind_stats(self) -> dict[str, KindStats]:
+        """Each action kind's figures so far (at most `MAX_KINDS` kinds, and `OTHER_KIND`)."""
+        with self._lock:
+            return {
+                kind: KindStats(t.granted, t.refused, t.queue.frozen(), t.cores.frozen(), t.completion.frozen())
+                for kind, t in self._kinds.items()
+            }
 
     def _check(self, demand: ActionDemand) -> tuple[int, int]:
         low, high = demand.cpu
@@ -189,6 +285,7 @@ class ActionScheduler:
         if problem is not None:
             with self._lock:
                 self._refused += 1
+                self._kind_locked(demand.kind).refused += 1
             raise ActionRefused(f"action {demand.kind!r} refused: {problem}")
         return low, min(high, self.cpus)
 
@@ -215,6 +312,7 @@ class ActionScheduler:
         decided = plan(waiting, self._free_cpu, self._free_memory, running, now, UNKNOWN_DURATION_S)
         if not decided:
             return
+        self._tick_locked(now)
         by_pending = {w.pending: w for w in head}
         for pending, cores in decided:
             waiter = by_pending[pending]
@@ -235,6 +333,25 @@ class ActionScheduler:
                 self._released += 1
                 continue
             self._granting[waiter] = grant
+            tally = self._kind_locked(grant.kind)
+            tally.granted += 1
+            tally.queue.observe(grant.queued_s)
+            tally.cores.observe(cores)
+
+    def _tick_locked(self, now: float) -> None:
+        """Add the busy core-seconds since the last tick (before the busy cores change)."""
+        self._busy_core_s += (self.cpus - self._free_cpu) * (now - self._ticked)
+        self._ticked = now
+
+    def _kind_locked(self, kind: str) -> _KindTally:
+        tally = self._kinds.get(kind)
+        if tally is None:
+            if len(self._kinds) >= MAX_KINDS:
+                kind = OTHER_KIND
+                tally = self._kinds.get(kind)
+            if tally is None:
+                tally = self._kinds[kind] = _KindTally()
+        return tally
 
     def _duration(self, kind: str) -> Duration | None:
         fitted = self.models[kind].fit()

@@ -1,7 +1,7 @@
 """The server's Prometheus metrics (`GET /metrics`), in a registry of their own per server instance.
 
 Values the server already keeps (queue depths, busy workers, backends' load and health, live sandboxes, held
-results) are read when scraped (`_StateCollector`); events (a job finished, an LLM request answered, a tool
+results, the action scheduler's pool and per-kind statistics) are read when scraped (`_StateCollector`); events (a job finished, an LLM request answered, a tool
 request, a sandbox start, results stored or acknowledged) are counted as they happen, through the `on_*`
 hooks of the result store, the backend pool and the sandbox manager. Every metric is listed in
 docs/metrics.md.
@@ -9,12 +9,13 @@ docs/metrics.md.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
@@ -23,6 +24,7 @@ from prorl_server.protocol import JobResult
 from prorl_server.tools.responses import RESPONSES
 
 if TYPE_CHECKING:
+    from prorl_server.actions import ActionScheduler, Distribution
     from prorl_server.actions.quota import QuotaSnapshot
     from prorl_server.pipeline import Orchestrator
 
@@ -238,6 +240,48 @@ class _StateCollector(Collector):
         services = list(orchestrator.services.snapshot().values())
         if services:  # no series (not even HELP lines) before a service exists
             yield from _quota_metrics(services)
+        actions = sandboxes.actions if sandboxes is not None else None
+        if actions is not None:
+            yield from _action_metrics(actions)
+
+
+def _action_metrics(scheduler: ActionScheduler) -> Iterator[Metric]:
+    """The action scheduler's CPU pool, and per action kind its grants' queueing and cores, its actions'
+    completion time (ACT) and its refusals."""
+    books = scheduler.books()
+    yield _gauge("prorl_action_pool_cores", "Cores of the action scheduler's pool.", books.cpus)
+    yield _gauge(
+        "prorl_action_pool_busy_cores", "Cores of the pool granted to running actions.", books.cpus - books.free_cpu
+    )
+    yield _gauge("prorl_action_pool_running", "Actions holding a grant.", books.running)
+    yield _gauge("prorl_action_pool_waiting", "Actions queued for cores.", books.waiting)
+    yield CounterMetricFamily(
+        "prorl_action_pool_busy_core_seconds",
+        "Busy cores of the pool integrated over time (its rate over the pool's cores: utilisation).",
+        value=books.busy_core_s,
+    )
+    label = ["kind"]
+    completion = HistogramMetricFamily(
+        "prorl_action_completion_seconds", "Completion time of an action (queued + run), by kind.", labels=label
+    )
+    queue = HistogramMetricFamily("prorl_action_queue_seconds", "Seconds an action queued for cores.", labels=label)
+    cores = HistogramMetricFamily("prorl_action_granted_cores", "Cores granted to an action (its DoP).", labels=label)
+    refused = CounterMetricFamily(
+        "prorl_action_refused", "Actions refused at once (they could never fit the pool).", labels=label
+    )
+    for kind, stats in sorted(scheduler.kind_stats().items()):
+        completion.add_metric([kind], _buckets(stats.completion_s), stats.completion_s.sum)
+        queue.add_metric([kind], _buckets(stats.queue_s), stats.queue_s.sum)
+        cores.add_metric([kind], _buckets(stats.cores), stats.cores.sum)
+        refused.add_metric([kind], stats.refused)
+    yield from (completion, queue, cores, refused)
+
+
+def _buckets(distribution: Distribution) -> list[tuple[str, float]]:
+    """A distribution's buckets as Prometheus has them: cumulative, `+Inf` last."""
+    bounds = [*(str(float(b)) for b in distribution.bounds), "+Inf"]
+    cumulative = itertools.accumulate(distribution.counts)
+    return [(bound, float(count)) for bound, count in zip(bounds, cumulative, strict=True)]
 
 
 def _quota_metrics(snapshots: list[QuotaSnapshot]) -> Iterator[Metric]:

@@ -52,6 +52,8 @@ from prorl_server.pipeline.submission import AdmissionLog, FinishedJob, request_
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
     TERMINAL_STATUSES,
+    ActionKindStatus,
+    ActionsStatus,
     ErrorInfo,
     JobResult,
     JobStatus,
@@ -306,6 +308,33 @@ class Orchestrator:
             problems=problems,
             stuck_calls={s: p.stuck for s, p in self.pools.items()},
             loop_restarts={s: p.restarts for s, p in self.pools.items()},
+            actions=self._actions_status(),
+        )
+
+    def _actions_status(self) -> ActionsStatus | None:
+        """The action scheduler's pool and kinds (None without one)."""
+        scheduler = self.sandboxes.actions if self.sandboxes is not None else None
+        if scheduler is None:
+            return None
+        books = scheduler.books()
+        kinds = {
+            kind: ActionKindStatus(
+                granted=stats.granted,
+                completed=stats.completion_s.count,
+                refused=stats.refused,
+                mean_act_s=stats.completion_s.mean,
+                mean_queue_s=stats.queue_s.mean,
+                mean_cores=stats.cores.mean,
+            )
+            for kind, stats in sorted(scheduler.kind_stats().items())
+        }
+        return ActionsStatus(
+            cores=books.cpus,
+            busy_cores=books.cpus - books.free_cpu,
+            running=books.running,
+            waiting=books.waiting,
+            busy_core_seconds=books.busy_core_s,
+            kinds=kinds,
         )
 
     def problems(self, live: list[Job] | None = None, registered: int = 0, healthy: int = 0) -> list[str]:

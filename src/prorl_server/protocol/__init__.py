@@ -37,6 +37,8 @@ from prorl_server.protocol.llm_servers import (
 from prorl_server.protocol.server import (
     AckRequest,
     AckResponse,
+    ActionKindStatus,
+    ActionsStatus,
     CancelRequest,
     CancelResponse,
     HandlerInfo,
@@ -60,6 +62,8 @@ __all__ = [
     "TERMINAL_STATUSES",
     "AckRequest",
     "AckResponse",
+    "ActionKindStatus",
+    "ActionsStatus",
     "AdaptiveBudget",
     "AddLLMServerRequest",
     "CancelRequest",

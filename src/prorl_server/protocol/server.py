@@ -59,6 +59,30 @@ class SchedulingStatus(BaseModel):
     admitted_calls: int = Field(description="Completion calls holding an admission slot.")
 
 
+class ActionKindStatus(BaseModel):
+    """One action kind's figures since the server started (means: null before the first)."""
+
+    granted: int = Field(description="Actions of the kind granted cores.")
+    completed: int = Field(description="Actions that completed (did not raise, were not cancelled).")
+    refused: int = Field(description="Actions refused at once: they could never fit the pool.")
+    mean_act_s: float | None = Field(description="Mean completion time (queued + run) of the completed actions.")
+    mean_queue_s: float | None = Field(description="Mean seconds a granted action queued for its cores.")
+    mean_cores: float | None = Field(description="Mean cores granted (DoP).")
+
+
+class ActionsStatus(BaseModel):
+    """The action scheduler's CPU pool, now, and its action kinds."""
+
+    cores: int = Field(description="Cores of the pool.")
+    busy_cores: int = Field(description="Cores granted to running actions.")
+    running: int = Field(description="Actions holding a grant.")
+    waiting: int = Field(description="Actions queued for cores.")
+    busy_core_seconds: float = Field(description="Busy cores integrated over time since the server started.")
+    kinds: dict[str, ActionKindStatus] = Field(
+        description="Per action kind (`start`, `bash`, `ipython`, `edit`, `files`, a handler's own; past 32: `other`)."
+    )
+
+
 class StatusResponse(BaseModel):
     """Answer of `GET /status`: queue depths, busy workers, job counts, scheduling."""
 
@@ -86,6 +110,9 @@ class StatusResponse(BaseModel):
     )
     loop_restarts: dict[str, int] = Field(
         default_factory=dict, description="Per stage, times its event loop died (in handler code) and was restarted."
+    )
+    actions: ActionsStatus | None = Field(
+        default=None, description="The action scheduler's CPU pool (null with --no-action-scheduler)."
     )
 
 

@@ -8,10 +8,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
 from prorl_server.sandbox.spec import SandboxSpec
+
+if TYPE_CHECKING:
+    from prorl_server.actions import ActionScheduler
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,12 @@ class SandboxManager:
         """How many sandboxes are open."""
         with self._lock:
             return len(self._live)
+
+    @property
+    def actions(self) -> ActionScheduler | None:
+        """The scheduler granting cores to the actions of this manager's sandboxes (None: static quotas)."""
+        pool = self.runtime.cpu_pool
+        return None if pool is None else pool.scheduler
 
     async def close_all(self) -> int:
         """Close every tracked sandbox; returns how many there were."""

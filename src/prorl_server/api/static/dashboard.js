@@ -91,6 +91,48 @@ function renderBackends(backends) {
   }
 }
 
+function percent(fraction) {
+  return `${(100 * fraction).toFixed(0)}%`;
+}
+
+let previousActions = null; // {t, busy}: the last poll's busy core-seconds, for the utilisation between polls
+
+function renderActions(actions, generatedAt) {
+  $("actions-section").hidden = !actions;
+  if (!actions) return;
+  $("actions-busy").textContent = actions.busy_cores;
+  $("actions-cores").textContent = actions.cores;
+  $("actions-running").textContent = actions.running;
+  $("actions-waiting").textContent = actions.waiting;
+  $("actions-meter").value = actions.busy_cores / actions.cores;
+  $("actions-utilisation").textContent = percent(actions.busy_cores / actions.cores);
+  const elapsed = previousActions ? generatedAt - previousActions.t : 0;
+  $("actions-recent").textContent =
+    elapsed > 0 ? percent((actions.busy_core_seconds - previousActions.busy) / (elapsed * actions.cores)) : "–";
+  previousActions = { t: generatedAt, busy: actions.busy_core_seconds };
+  const body = $("action-kinds").tBodies[0];
+  body.replaceChildren();
+  for (const [kind, k] of Object.entries(actions.kinds)) {
+    const row = el("tr");
+    row.dataset.kind = kind;
+    row.append(
+      el("td", kind, "id"),
+      el("td", k.granted),
+      el("td", k.completed),
+      el("td", k.refused, k.refused ? "bad" : ""),
+      el("td", fixed(k.mean_act_s, 3)),
+      el("td", fixed(k.mean_queue_s, 3)),
+      el("td", fixed(k.mean_cores, 2)),
+    );
+    body.append(row);
+  }
+  if (!body.rows.length) {
+    const row = el("tr");
+    row.append(el("td", "no action yet"));
+    body.append(row);
+  }
+}
+
 function renderJobs(jobs) {
   const body = $("recent-jobs").tBodies[0];
   body.replaceChildren();
@@ -175,6 +217,7 @@ function render(data) {
   renderPipeline(data.status);
   renderFinished(data.finished);
   renderBackends(data.backends);
+  renderActions(data.status.actions, data.generated_at);
   renderJobs(data.recent_jobs);
   renderLengths(data.lengths);
   renderThroughput(data.throughput, data.bucket_s);
