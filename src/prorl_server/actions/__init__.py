@@ -7,9 +7,21 @@ sandbox start, a judge call), not per trajectory.
 - `ServiceQuota` / `QuotaRegistry`: external services (the judge pool, a search API, any HTTP service), each
   with a concurrency limit that AIMD cuts on 429, 503 and timeouts and grows back on successes, and a rate
   limit; bursts queue instead of failing.
+- `ModelServiceCache`: model services (reward models, judges) that do not all fit at once, under a memory
+  budget: evicted least recently used when idle, restored from their host copy on use (evict-on-execution);
+  `ServiceLauncher` starts and stops one service's process.
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
+from prorl_server.actions.model_services import (
+    ModelServiceCache,
+    ModelServiceRefused,
+    ModelServiceSnapshot,
+    ModelServiceUnavailable,
+    ServiceLauncher,
+    ServiceSnapshot,
+    ServiceState,
+)
 from prorl_server.actions.quota import (
     QuotaConfig,
     QuotaRegistry,
@@ -28,10 +40,17 @@ __all__ = [
     "Books",
     "ElasticityModels",
     "Grant",
+    "ModelServiceCache",
+    "ModelServiceRefused",
+    "ModelServiceSnapshot",
+    "ModelServiceUnavailable",
     "QuotaConfig",
     "QuotaRegistry",
     "QuotaSnapshot",
     "ServiceDisabled",
+    "ServiceLauncher",
     "ServiceQuota",
+    "ServiceSnapshot",
+    "ServiceState",
     "Slot",
 ]
