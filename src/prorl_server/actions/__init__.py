@@ -9,10 +9,12 @@ sandbox start, a judge call), not per trajectory.
   limit; bursts queue instead of failing.
 - `ModelServiceCache`: model services (reward models, judges) that do not all fit at once, under a memory
   budget: evicted least recently used when idle, restored from their host copy on use (evict-on-execution);
-  `ServiceLauncher` starts and stops one service's process.
+  `ServiceLauncher` starts and stops one service's process; `DevEngineLauncher` runs a real one (the dev
+  engine on the CPU, a judge served by a small model).
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
+from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService, ModelProcessError
 from prorl_server.actions.model_services import (
     ModelServiceCache,
     ModelServiceRefused,
@@ -38,8 +40,11 @@ __all__ = [
     "ActionScheduler",
     "AmdahlModel",
     "Books",
+    "DevEngineLauncher",
+    "DevEngineService",
     "ElasticityModels",
     "Grant",
+    "ModelProcessError",
     "ModelServiceCache",
     "ModelServiceRefused",
     "ModelServiceSnapshot",
