@@ -11,9 +11,12 @@ sandbox start, a judge call), not per trajectory.
   budget: evicted least recently used when idle, restored from their host copy on use (evict-on-execution);
   `ServiceLauncher` starts and stops one service's process; `DevEngineLauncher` runs a real one (the dev
   engine on the CPU, a judge served by a small model).
+- `GpuChunkManager` / `simulate`: the same on GPUs (chunk allocation, eviction from GPU memory, restore over
+  PCIe), simulated only: nothing here has run on a GPU.
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
+from prorl_server.actions.gpu_chunks import Call, CallResult, Chunk, GpuChunkManager, GpuService, Placement, simulate
 from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService, ModelProcessError
 from prorl_server.actions.model_services import (
     ModelServiceCache,
@@ -40,15 +43,21 @@ __all__ = [
     "ActionScheduler",
     "AmdahlModel",
     "Books",
+    "Call",
+    "CallResult",
+    "Chunk",
     "DevEngineLauncher",
     "DevEngineService",
     "ElasticityModels",
+    "GpuChunkManager",
+    "GpuService",
     "Grant",
     "ModelProcessError",
     "ModelServiceCache",
     "ModelServiceRefused",
     "ModelServiceSnapshot",
     "ModelServiceUnavailable",
+    "Placement",
     "QuotaConfig",
     "QuotaRegistry",
     "QuotaSnapshot",
@@ -58,4 +67,5 @@ __all__ = [
     "ServiceSnapshot",
     "ServiceState",
     "Slot",
+    "simulate",
 ]
