@@ -405,6 +405,36 @@ async def test_books_balance_after_thousands_of_random_cancels():
     assert_books_balance(cache, host)
 
 
+async def test_a_dead_event_loop_is_abandoned_with_its_users():
+    cache, host, _ = make_cache(MB, {"A": MB, "B": MB}, start_s=0.05)
+    dead = asyncio.new_event_loop()
+    tasks: list[asyncio.Task] = []
+
+    async def hold_a():
+        async with cache.use("A"):
+            await asyncio.sleep(3600)
+
+    def run_then_stop():  # one user holds A, one waits in line for B; then the loop stops running
+        tasks.extend([dead.create_task(hold_a()), dead.create_task(_use_once(cache, "B"))])
+        dead.run_until_complete(asyncio.sleep(0.3))
+
+    def unwind_and_close():  # the dead loop's tasks unwind late: they must not count twice
+        for task in tasks:
+            task.cancel()
+        dead.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        dead.close()
+
+    await asyncio.to_thread(run_then_stop)
+    figures = cache.snapshot()
+    assert (figures.executing, figures.waiting) == (1, 1)
+    cache.abandon_loop(dead)
+    assert (cache.snapshot().executing, cache.snapshot().waiting) == (0, 0)
+    assert await _use_once(cache, "B") == "http://fake/B/v1"  # A is idle now: evicted
+    await asyncio.to_thread(unwind_and_close)
+    assert host.stops == ["A"]
+    assert_books_balance(cache, host)
+
+
 async def test_close_stops_every_service_and_fails_the_waiting_users():
     cache, host, _ = make_cache(MB, {"A": MB, "B": MB})
     release_a = asyncio.Event()

@@ -24,7 +24,8 @@ and evictions took, as measured.
 Users may sit on different event loops (the server runs one per stage, each on its own thread): the books are
 kept under a threading lock and the endpoint is handed to a waiter with `call_soon_threadsafe`. A waiter
 cancelled in line leaves it holding nothing; one cancelled while its service is restored leaves the restore
-going (the service stays cached); one cancelled after its grant gives it back.
+going (the service stays cached); one cancelled after its grant gives it back. `abandon_loop(loop)` takes back
+what the users of a loop that died held.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class ModelServiceCache:
         self._services: dict[str, _Service] = {}
         self._lru: collections.OrderedDict[str, None] = collections.OrderedDict()  # least recently used first
         self._queue: collections.deque[_Use] = collections.deque()
+        self._held: set[_Use] = set()
         self._restorer: threading.Thread | None = None  # the restore in progress
         self._closed = False
         self._hits = self._misses = self._restores = self._evictions = 0
@@ -239,6 +241,19 @@ class ModelServiceCache:
         for service in live:
             self._stop(service, evicted=False)
 
+    def abandon_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """`loop` died: drop its users in line and in restores, and take back the services its users held."""
+        with self._lock:
+            for use in [u for u in self._queue if u.loop is loop]:
+                self._queue.remove(use)
+                use.state = _UseState.DONE
+            for service in self._services.values():
+                for use in [u for u in service.joined if u.loop is loop]:
+                    self._unjoin_locked(use)
+            for use in [u for u in self._held if u.loop is loop]:
+                self._settle_locked(use)
+            self._dispatch_locked()
+
     # the books (all under self._lock) -----------------------------------------------------------------
 
     async def _acquire(self, name: str) -> _Use:
@@ -269,25 +284,33 @@ class ModelServiceCache:
         with self._lock:
             if use.state is _UseState.QUEUED:
                 self._queue.remove(use)
+                use.state = _UseState.DONE
             elif use.state is _UseState.JOINED:
-                use.service.joined.remove(use)
-                use.service.executing -= 1
+                self._unjoin_locked(use)
             elif use.state is _UseState.HELD:
-                use.service.executing -= 1
-                self._lru.move_to_end(use.service.name)
+                self._settle_locked(use)
             else:
                 return
-            use.state = _UseState.DONE
             self._dispatch_locked()
 
     def _release(self, use: _Use) -> None:
         with self._lock:
-            if use.state is not _UseState.HELD:
-                return
-            use.state = _UseState.DONE
-            use.service.executing -= 1
-            self._lru.move_to_end(use.service.name)
-            self._dispatch_locked()
+            if use.state is _UseState.HELD:
+                self._settle_locked(use)
+                self._dispatch_locked()
+
+    def _unjoin_locked(self, use: _Use) -> None:
+        """A use waiting for its service's restore gives up (the restore goes on)."""
+        use.service.joined.remove(use)
+        use.service.executing -= 1
+        use.state = _UseState.DONE
+
+    def _settle_locked(self, use: _Use) -> None:
+        """Take back a held service: one user fewer, and it is the most recently used."""
+        self._held.discard(use)
+        use.service.executing -= 1
+        use.state = _UseState.DONE
+        self._lru.move_to_end(use.service.name)
 
     def _resident_mb_locked(self) -> int:
         return sum(s.memory_mb for s in self._services.values() if s.has_process)
@@ -331,10 +354,10 @@ class ModelServiceCache:
 
     def _grant_locked(self, use: _Use) -> None:
         use.state = _UseState.HELD
+        self._held.add(use)
         assert use.service.endpoint is not None
         if not _post(use, use.service.endpoint):  # its loop is closed: nobody will take it
-            use.state = _UseState.DONE
-            use.service.executing -= 1
+            self._settle_locked(use)
 
     def _victims_locked(self, need_mb: int) -> list[_Service] | None:
         """The idle resident services to evict, least recently used first, for `need_mb` to fit; None when even
