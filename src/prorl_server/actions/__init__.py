@@ -8,9 +8,26 @@ sandbox start, a judge call), not per trajectory.
 - `ServiceQuota` / `QuotaRegistry`: external services (the judge pool, a search API, any HTTP service), each
   with a concurrency limit that AIMD cuts on 429, 503 and timeouts and grows back on successes, and a rate
   limit; bursts queue instead of failing.
+- `ModelServiceCache`: model services (reward models, judges) that do not all fit at once, under a memory
+  budget: evicted least recently used when idle, restored from their host copy on use (evict-on-execution);
+  `ServiceLauncher` starts and stops one service's process; `DevEngineLauncher` runs a real one (the dev
+  engine on the CPU, a judge served by a small model).
+- `GpuChunkManager` / `simulate`: the same on GPUs (chunk allocation, eviction from GPU memory, restore over
+  PCIe), simulated only: nothing here has run on a GPU.
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
+from prorl_server.actions.gpu_chunks import Call, CallResult, Chunk, GpuChunkManager, GpuService, Placement, simulate
+from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService, ModelProcessError
+from prorl_server.actions.model_services import (
+    ModelServiceCache,
+    ModelServiceRefused,
+    ModelServiceSnapshot,
+    ModelServiceUnavailable,
+    ServiceLauncher,
+    ServiceSnapshot,
+    ServiceState,
+)
 from prorl_server.actions.quota import (
     QuotaConfig,
     QuotaRegistry,
@@ -35,14 +52,31 @@ __all__ = [
     "ActionScheduler",
     "AmdahlModel",
     "Books",
+    "Call",
+    "CallResult",
+    "Chunk",
+    "DevEngineLauncher",
+    "DevEngineService",
     "Distribution",
     "ElasticityModels",
+    "GpuChunkManager",
+    "GpuService",
     "Grant",
     "KindStats",
+    "ModelProcessError",
+    "ModelServiceCache",
+    "ModelServiceRefused",
+    "ModelServiceSnapshot",
+    "ModelServiceUnavailable",
+    "Placement",
     "QuotaConfig",
     "QuotaRegistry",
     "QuotaSnapshot",
     "ServiceDisabled",
+    "ServiceLauncher",
     "ServiceQuota",
+    "ServiceSnapshot",
+    "ServiceState",
     "Slot",
+    "simulate",
 ]
