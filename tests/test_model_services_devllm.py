@@ -11,7 +11,8 @@ import os
 import httpx
 import pytest
 
-from prorl_server.actions import DevEngineLauncher, DevEngineService, ModelServiceCache, ServiceState
+from prorl_server.actions import ModelServiceCache, ServiceState
+from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
 
 pytest.importorskip("llama_cpp", reason="the dev engine needs llama-cpp-python: pip install 'prorl-server[devllm]'")
 

@@ -10,15 +10,14 @@ sandbox start, a judge call), not per trajectory.
   limit; bursts queue instead of failing.
 - `ModelServiceCache`: model services (reward models, judges) that do not all fit at once, under a memory
   budget: evicted least recently used when idle, restored from their host copy on use (evict-on-execution);
-  `ServiceLauncher` starts and stops one service's process; `DevEngineLauncher` runs a real one (the dev
-  engine on the CPU, a judge served by a small model).
+  `ServiceLauncher` starts and stops one service's process; `model_processes.DevEngineLauncher` runs a real
+  one (the dev engine on the CPU, a judge served by a small model; imported from its module, it is not light).
 - `GpuChunkManager` / `simulate`: the same on GPUs (chunk allocation, eviction from GPU memory, restore over
   PCIe), simulated only: nothing here has run on a GPU.
 """
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
 from prorl_server.actions.gpu_chunks import Call, CallResult, Chunk, GpuChunkManager, GpuService, Placement, simulate
-from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService, ModelProcessError
 from prorl_server.actions.model_services import (
     ModelServiceCache,
     ModelServiceRefused,
@@ -55,15 +54,12 @@ __all__ = [
     "Call",
     "CallResult",
     "Chunk",
-    "DevEngineLauncher",
-    "DevEngineService",
     "Distribution",
     "ElasticityModels",
     "GpuChunkManager",
     "GpuService",
     "Grant",
     "KindStats",
-    "ModelProcessError",
     "ModelServiceCache",
     "ModelServiceRefused",
     "ModelServiceSnapshot",
