@@ -103,6 +103,26 @@ def assert_books_balance(cache: ModelServiceCache, host: FakeHost) -> None:
 # --- hits, restores, eviction -----------------------------------------------------------------------------------
 
 
+async def _use_once(cache: ModelServiceCache, name: str, order: list[str] | None = None) -> str:
+    async with cache.use(name) as endpoint:
+        if order is not None:
+            order.append(name)
+        return endpoint
+
+
+async def hold(cache: ModelServiceCache, name: str) -> tuple[asyncio.Task, asyncio.Event]:
+    """A task executing on `name` (returned once it does) until the returned event is set."""
+    release = asyncio.Event()
+
+    async def use() -> None:
+        async with cache.use(name):
+            await release.wait()
+
+    holder = asyncio.create_task(use())
+    await until(lambda: cache.snapshot().executing == 1)
+    return holder, release
+
+
 async def test_a_resident_service_is_a_hit_and_an_absent_one_is_restored():
     cache, host, _ = make_cache(2 * MB, {"judge-a": MB})
     async with cache.use("judge-a") as endpoint:
@@ -155,14 +175,8 @@ async def test_restore_and_eviction_times_are_measured():
 
 async def test_an_executing_service_is_never_evicted_the_next_service_waits_for_it():
     cache, host, _ = make_cache(MB, {"A": MB, "B": MB})
-    a_done = asyncio.Event()
-
-    async def hold_a():
-        async with cache.use("A"):
-            await a_done.wait()
-
-    holder = asyncio.create_task(hold_a())
-    await until(lambda: cache.snapshot().executing == 1 and "A" in host.alive)
+    holder, a_done = await hold(cache, "A")
+    assert "A" in host.alive
     waiter = asyncio.create_task(_use_once(cache, "B"))
     await until(lambda: cache.snapshot().waiting == 1)
     await asyncio.sleep(0.05)
@@ -174,24 +188,10 @@ async def test_an_executing_service_is_never_evicted_the_next_service_waits_for_
     assert_books_balance(cache, host)
 
 
-async def _use_once(cache: ModelServiceCache, name: str, order: list[str] | None = None) -> str:
-    async with cache.use(name) as endpoint:
-        if order is not None:
-            order.append(name)
-        return endpoint
-
-
 async def test_waiters_are_served_first_come_first_served_even_for_a_resident_service():
     cache, host, _ = make_cache(MB, {"A": MB, "B": MB})
     order: list[str] = []
-    release_a = asyncio.Event()
-
-    async def hold_a():
-        async with cache.use("A"):
-            await release_a.wait()
-
-    holder = asyncio.create_task(hold_a())
-    await until(lambda: cache.snapshot().executing == 1)
+    holder, release_a = await hold(cache, "A")
     wants_b = asyncio.create_task(_use_once(cache, "B", order))
     await until(lambda: cache.snapshot().waiting == 1)
     wants_a = asyncio.create_task(_use_once(cache, "A", order))  # A is resident, but B asked first
@@ -261,14 +261,7 @@ async def test_a_failed_start_fails_every_user_waiting_for_it_and_frees_its_memo
 
 async def test_a_waiter_cancelled_in_line_leaves_it_holding_nothing():
     cache, host, _ = make_cache(MB, {"A": MB, "B": MB})
-    release_a = asyncio.Event()
-
-    async def hold_a():
-        async with cache.use("A"):
-            await release_a.wait()
-
-    holder = asyncio.create_task(hold_a())
-    await until(lambda: cache.snapshot().executing == 1)
+    holder, release_a = await hold(cache, "A")
     waiter = asyncio.create_task(_use_once(cache, "B"))
     await until(lambda: cache.snapshot().waiting == 1)
     waiter.cancel()
@@ -437,14 +430,7 @@ async def test_a_dead_event_loop_is_abandoned_with_its_users():
 
 async def test_close_stops_every_service_and_fails_the_waiting_users():
     cache, host, _ = make_cache(MB, {"A": MB, "B": MB})
-    release_a = asyncio.Event()
-
-    async def hold_a():
-        async with cache.use("A"):
-            await release_a.wait()
-
-    holder = asyncio.create_task(hold_a())
-    await until(lambda: cache.snapshot().executing == 1)
+    holder, release_a = await hold(cache, "A")
     waiter = asyncio.create_task(_use_once(cache, "B"))
     await until(lambda: cache.snapshot().waiting == 1)
     await asyncio.to_thread(cache.close)
