@@ -50,7 +50,11 @@ def parse(*argv: str) -> ServerSettings:
     return settings_from_args(build_parser().parse_args(["serve", *argv]))
 
 
-WELL_FORMED: dict[str, Any] = {"service_quotas": ("search=8/20", "maps=2"), "action_cpus": "0"}
+WELL_FORMED: dict[str, Any] = {
+    "service_quotas": ("search=8/20", "maps=2"),
+    "model_services": ("judge-a=450", "judge-b=300"),
+    "action_cpus": "0",
+}
 """Sample values of the fields whose values are checked for form."""
 
 

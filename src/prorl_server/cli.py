@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from prorl_server.actions.model_services import ModelServiceRefused
 from prorl_server.auth_key import API_KEY_FILE_ENV, ApiKeyFileError, api_key_file, load_or_create_api_key
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
@@ -213,7 +214,14 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             serve(settings)
-        except (ApiKeyFileError, HandlerLoadError, JudgeConfigError, SandboxError, JournalError) as exc:
+        except (
+            ApiKeyFileError,
+            HandlerLoadError,
+            JudgeConfigError,
+            SandboxError,
+            JournalError,
+            ModelServiceRefused,
+        ) as exc:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from prorl_server.actions.model_services import parse_model_service
 from prorl_server.actions.quota import parse_service_quota
 from prorl_server.protocol.jobs import StalePolicy
 from prorl_server.simllm.profile import DEFAULT_PROFILE
@@ -48,6 +49,26 @@ class ServerSettings(BaseModel):
         if twice:
             raise ValueError(f"--service-quota gives {', '.join(twice)} more than once")
         return value
+
+    @field_validator("model_services")
+    @classmethod
+    def _model_services_parse(cls, value: list[str]) -> list[str]:
+        names = [parse_model_service(text)[0] for text in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"--model-service gives {', '.join(twice)} more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _model_services_fit(self) -> ServerSettings:
+        for text in self.model_services:
+            name, memory_mb = parse_model_service(text)
+            if memory_mb > self.model_service_budget_mb:
+                raise ValueError(
+                    f"model service {name!r} needs {memory_mb} MiB and --model-service-budget-mb is "
+                    f"{self.model_service_budget_mb} MiB"
+                )
+        return self
 
     host: str = Field(
         default="127.0.0.1", description="Address to bind (with --no-api-key, anything but loopback logs a warning)."
@@ -140,6 +161,18 @@ class ServerSettings(BaseModel):
         description="A quota for an external service handlers call through ctx.service(NAME): "
         "NAME=MAX_CONCURRENCY[/RATE_PER_S], e.g. search=8/20 (repeatable). A service not listed gets 32 in flight "
         "and no rate limit; the judge's is set by --judge-max-concurrency and --judge-rate.",
+    )
+    model_services: list[str] = Field(
+        default_factory=list,
+        description="A model service (a judge or a reward model) handlers call through ctx.model_service(NAME): "
+        "NAME=MEMORY_MB (repeatable), served on this node's CPU by the dev engine with the bundled SmolLM2-135M "
+        "(extra devllm) under the model name NAME, started on first use, and stopped (least recently used and "
+        "idle first) when another would not fit in --model-service-budget-mb.",
+    )
+    model_service_budget_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="MiB the model services' processes may hold at once (their declared MEMORY_MB).",
     )
     handlers: list[str] = Field(
         default_factory=list,

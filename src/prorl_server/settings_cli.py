@@ -51,7 +51,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "judge_max_concurrency",
         "judge_rate",
     ),
-    "external services": ("service_quotas",),
+    "external services": ("service_quotas", "model_services", "model_service_budget_mb"),
     "weight updates": ("max_staleness", "stale_policy", "weight_pause_lease_s"),
     "scheduling": (
         "dispatch_policy",
@@ -77,6 +77,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "llm_servers": ("--llm-server",),
     "judge_servers": ("--judge-server",),
     "service_quotas": ("--service-quota",),
+    "model_services": ("--model-service",),
     "handlers": ("--handler",),
     "entry_point_handlers": ("--entry-points",),  # and so --no-entry-points
     "default_timeout_s": ("--timeout",),
@@ -100,6 +101,8 @@ METAVARS: dict[str, str] = {
     "judge_model": "MODEL",
     "judge_rate": "PER_SECOND",
     "service_quotas": "NAME=MAX[/RATE]",
+    "model_services": "NAME=MEMORY_MB",
+    "model_service_budget_mb": "MIB",
     "action_cpu_reserve": "CORES",
     "action_cpus": "LIST",
     "action_idle_cpus": "CORES",

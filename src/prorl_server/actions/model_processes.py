@@ -38,6 +38,7 @@ class DevEngineService:
     slots: int = 1
     n_threads: int | None = None
     host: str = "127.0.0.1"
+    port: int | None = None
 
     def command(self, port: int) -> list[str]:
         """The command line serving on `port`."""
@@ -51,12 +52,14 @@ class DevEngineService:
 
 
 class DevEngineLauncher(ServiceLauncher):
-    """Starts and stops the dev-engine process of one `DevEngineService` (a new free port at each start)."""
+    """Starts and stops the dev-engine process of one `DevEngineService`, on the same port at every start
+    (the service's, else one free when the launcher was made): a server can deny that port to sandboxes."""
 
     def __init__(
         self, service: DevEngineService, *, ready_timeout_s: float = READY_TIMEOUT_S, grace_s: float = STOP_GRACE_S
     ) -> None:
         self.service = service
+        self.port = service.port or _free_port(service.host)
         self.ready_timeout_s = ready_timeout_s
         self.grace_s = grace_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,7 +68,7 @@ class DevEngineLauncher(ServiceLauncher):
         """Run the dev engine and wait until it answers; returns its `/v1` base URL."""
         if self.proc is not None:
             raise RuntimeError(f"dev engine {self.service.model_name!r} is running already (pid {self.proc.pid})")
-        port = _free_port(self.service.host)
+        port = self.port
         log = self.service.log
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
+from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused, parse_model_service
 from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
@@ -27,7 +30,7 @@ from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.cpu_grants import CpuPool
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
-from prorl_server.sandbox.private_dir import user_dir
+from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
@@ -122,6 +125,7 @@ class ServerState:
         for address in settings.llm_servers:
             backends.add(address)
         gateway = build_gateway(settings, backends, dispatch)
+        model_services, model_ports = build_model_services(settings)
         state = cls(
             settings,
             registry,
@@ -130,11 +134,12 @@ class ServerState:
                 settings,
                 registry,
                 backends,
-                build_sandboxes(settings, backends),
+                build_sandboxes(settings, backends, model_ports),
                 judge=build_judge(settings),
                 dispatch=dispatch,
                 gateway=gateway,
                 services=build_services(settings),
+                model_services=model_services,
             ),
             gateway,
         )
@@ -160,6 +165,8 @@ class ServerState:
         await self.gateway.close_all()
         await self.backends.client.aclose_current_loop()  # the gateway's connections, on this loop
         await asyncio.to_thread(self.orchestrator.stop)
+        if self.orchestrator.model_services is not None:
+            await asyncio.to_thread(self.orchestrator.model_services.close)  # stops their processes
         if self.journal is not None:
             await asyncio.to_thread(self.journal.close)  # after stop: the results of cancelled jobs are written
         self.health.submit(self.backends.client.aclose_current_loop()).result(5)
@@ -234,6 +241,34 @@ def build_services(settings: ServerSettings) -> QuotaRegistry:
     return services
 
 
+def build_model_services(settings: ServerSettings) -> tuple[ModelServiceCache | None, list[int]]:
+    """The model services of `--model-service` (None without any) and the ports they serve on (each keeps its
+    port across restores, so sandboxes are denied it from the start). ModelServiceRefused when the dev engine
+    that serves them is not installed."""
+    if not settings.model_services:
+        return None, []
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ModelServiceRefused(
+            "--model-service: model services are served by the dev engine, which needs llama-cpp-python: "
+            "pip install 'prorl-server[devllm]'"
+        )
+    cache = ModelServiceCache(settings.model_service_budget_mb)
+    logs = ensure_private_dir(user_dir(str(settings.sandbox_dir / "prorl-model-services")))
+    ports = []
+    for text in settings.model_services:
+        name, memory_mb = parse_model_service(text)
+        launcher = DevEngineLauncher(DevEngineService(name, log=logs / f"{name}-{os.getpid()}.log"))
+        cache.register(name, memory_mb, launcher)
+        ports.append(launcher.port)
+    log.info(
+        "model services: %s in %d MiB (logs in %s)",
+        ", ".join(settings.model_services),
+        settings.model_service_budget_mb,
+        logs,
+    )
+    return cache, ports
+
+
 def build_judge(settings: ServerSettings) -> JudgePool | None:
     """The LLM judge of `--judge-server` (None without one); its API key is read from $PRORL_JUDGE_API_KEY."""
     if not settings.judge_servers:
@@ -249,11 +284,11 @@ def build_judge(settings: ServerSettings) -> JudgePool | None:
     )
 
 
-def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxManager:
+def build_sandboxes(settings: ServerSettings, backends: BackendPool, model_ports: list[int]) -> SandboxManager:
     """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured.
 
-    Sandboxes that share the host network may not connect to this server's port, the backends' ports or the
-    LLM judge's (network_guard.py)."""
+    Sandboxes that share the host network may not connect to this server's port, the backends' ports, the
+    LLM judge's or the model services' (`model_ports`; network_guard.py)."""
     owner = new_owner_id()
     exclude = ("apptainer",) if settings.sandbox_image is None else ()
 
@@ -261,6 +296,7 @@ def build_sandboxes(settings: ServerSettings, backends: BackendPool) -> SandboxM
         return {port for b in backends.backends() if (port := url_port(b.address)) is not None}
 
     judge_ports = [port for address in settings.judge_servers if (port := url_port(address)) is not None]
+    judge_ports += model_ports  # scoring services, like the judge: never the policy's to ask
     guard = NetworkGuard(
         api_ports=[settings.port] if settings.port else [], backend_ports=backend_ports, judge_ports=judge_ports
     )

@@ -8,9 +8,11 @@ import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused
 from prorl_server.actions.quota import QuotaRegistry, Slot
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
@@ -61,6 +63,7 @@ class JobContext:
     - `llm`: the job's token-in/token-out session; it fills `trajectory`.
     - `judge`: the LLM judge, in EVAL only (a separate pool; its tokens never enter `trajectory`).
     - `service(name)`: a slot of an external service's quota, held around a call to that service.
+    - `model_service(name)`: a model service (a judge or reward model), resident for the block.
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
     """
@@ -78,6 +81,7 @@ class JobContext:
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _judge: JudgePool | None = field(default=None, repr=False)
     _services: QuotaRegistry | None = field(default=None, repr=False)
+    _model_services: ModelServiceCache | None = field(default=None, repr=False)
     _gateway: SessionRegistry | None = field(default=None, repr=False)
     _release_callbacks: list[ReleaseCallback] = field(default_factory=list, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
@@ -112,6 +116,18 @@ class JobContext:
         if self._services is None:
             raise RuntimeError("this server keeps no service quotas (JobContext built without them)")
         return self._services.get(name).slot()
+
+    def model_service(self, name: str) -> AbstractAsyncContextManager[str]:
+        """`async with ctx.model_service("judge-a") as base_url:` the OpenAI-compatible `/v1` URL of model
+        service `name` (`--model-service`), kept resident for the block: started first if it is not (other idle
+        services stopped, least recently used first, when it would not fit), waiting while the budget is held by
+        services in use. ModelServiceRefused for a name the server does not have; ModelServiceUnavailable when
+        the service fails to start."""
+        if self._model_services is None:
+            raise ModelServiceRefused(
+                f"model service {name!r}: this server has none (prorl-server serve --model-service NAME=MEMORY_MB)"
+            )
+        return self._model_services.use(name)
 
     async def start_sandbox(self, spec: SandboxSpec | None = None, *, gateway: GatewayAccess | None = None) -> Sandbox:
         """Start a sandbox for this job (the server's default spec unless given).

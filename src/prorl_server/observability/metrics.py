@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from prorl_server.actions.model_services import ModelServiceSnapshot, ServiceState
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
 from prorl_server.pipeline.stages import STAGES
 from prorl_server.protocol import JobResult
@@ -243,6 +244,33 @@ class _StateCollector(Collector):
         actions = sandboxes.actions if sandboxes is not None else None
         if actions is not None:
             yield from _action_metrics(actions)
+        if orchestrator.model_services is not None:
+            yield from _model_service_metrics(orchestrator.model_services.snapshot())
+
+
+def _model_service_metrics(figures: ModelServiceSnapshot) -> Iterator[Metric]:
+    """The model services' memory budget, what is resident, their users, hits, restores and evictions."""
+    yield _gauge("prorl_model_service_budget_mb", "MiB the model services may hold at once.", figures.budget_mb)
+    yield _gauge("prorl_model_service_resident_mb", "MiB held by the model services running now.", figures.resident_mb)
+    yield _gauge("prorl_model_service_executing", "Calls holding a model service resident.", figures.executing)
+    yield _gauge("prorl_model_service_waiting", "Calls waiting for room in the budget.", figures.waiting)
+    for name, documentation, value in (
+        ("prorl_model_service_hits", "Calls that found their model service running.", figures.hits),
+        ("prorl_model_service_misses", "Calls that waited for their model service to start.", figures.misses),
+        ("prorl_model_service_evictions", "Model services stopped to make room.", figures.evictions),
+        ("prorl_model_service_start_failures", "Model service starts that failed.", figures.start_failures),
+        ("prorl_model_service_restore_seconds", "Seconds spent starting model services.", figures.restore_s_total),
+    ):
+        yield CounterMetricFamily(name, documentation, value=value)
+    resident = GaugeMetricFamily(
+        "prorl_model_service_resident", "1 while the model service runs, else 0.", labels=["service"]
+    )
+    restores = CounterMetricFamily("prorl_model_service_restores", "Starts of the model service.", labels=["service"])
+    for service in figures.services:
+        resident.add_metric([service.name], float(service.state is ServiceState.RESIDENT))
+        restores.add_metric([service.name], service.restores)
+    yield resident
+    yield restores
 
 
 def _action_metrics(scheduler: ActionScheduler) -> Iterator[Metric]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from prorl_server.actions.model_services import ModelServiceCache
 from prorl_server.actions.quota import QuotaRegistry
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import SessionRegistry
@@ -84,6 +85,7 @@ class Orchestrator:
         dispatch: DispatchPolicy,
         gateway: SessionRegistry | None = None,
         services: QuotaRegistry | None = None,
+        model_services: ModelServiceCache | None = None,
     ) -> None:
         self.settings = settings
         self.dispatch = dispatch  # orders LLM calls waiting for admission; its predictor learns from completed jobs
@@ -95,6 +97,7 @@ class Orchestrator:
         self.services = services or QuotaRegistry()
         if judge is not None:
             self.services.add(judge.quota)
+        self.model_services = model_services  # handlers reach them as ctx.model_service (None: none configured)
         self.gateway = gateway  # the OpenAI gateway's sessions, which handlers open with ctx.gateway_session()
         self.results = ResultStore(settings.result_retention_s)
         self.journal: AdmissionLog | None = None  # told of every admitted job (the results journal)
@@ -254,6 +257,7 @@ class Orchestrator:
             _sandboxes=self.sandboxes,
             _judge=self.judge,
             _services=self.services,
+            _model_services=self.model_services,
             _gateway=self.gateway,
         )
         # a handler without an INIT of its own skips that stage's queue and thread hop
@@ -424,6 +428,8 @@ class Orchestrator:
         """A stage's event loop died and was restarted: fail the jobs that were inside it (on the new loop)."""
         self._ready_gate.abandon_loop(dead_loop)
         self.services.abandon_loop(dead_loop)
+        if self.model_services is not None:
+            self.model_services.abandon_loop(dead_loop)
         if self.sandboxes is not None and self.sandboxes.runtime.cpu_pool is not None:
             self.sandboxes.runtime.cpu_pool.scheduler.abandon_loop(dead_loop)
         for job in jobs:
