@@ -6,10 +6,10 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_actions.py [--part sim|real|both] [--json out.json] [--seed 0]
         [--cores 1280] [--batches 128,256,512,1024,1536]
-        [--real-trajectories 4] [--real-pools 2,1] [--real-turns 8,12] [--real-think-s 1.2] [--real-short-s 0.2]
-        [--real-test-s 1.5] [--real-test-share 0.25]
+        [--real-trajectories 8] [--real-rounds 2] [--real-pools 2,1] [--real-turns 4,8] [--real-think-s 1.2]
+        [--real-short-s 0.1] [--real-test-s 0.75] [--real-test-share 0.25]
 
-About 20 seconds for the simulated part and 2.5 minutes for the real one on 2 cores with the defaults.
+About 2.5 minutes on 2 cores with the defaults (20 seconds of them for the simulated part).
 
 Simulated part (`--part sim`). A discrete-event simulation of an AI-coding-like batch: each trajectory
 alternates a model turn (lognormal, median 3 s) and an action, 8 to 16 times. An action is a short fixed one
@@ -29,40 +29,45 @@ Figure 8a reports 3.1x to 27.7x lower ACT for action-level allocation as the bat
 
 Real part (`--part real`). `--real-trajectories` trajectories run concurrently, each with its own bubblewrap
 sandbox (`make_runtime("bwrap", ...)`, the host root read-only). Each alternates a model wait (`asyncio.sleep`
-on the host, lognormal, median `--real-think-s`, sigma 0.6) and an action in its sandbox, 8 to 12 times (seeded;
-every arm runs the same trace). An action is a Python busy loop of fixed work: a short one (one process,
-lognormal, median `--real-short-s` one-core seconds, sigma 0.5) or, with probability `--real-test-share`, a test
-run (lognormal, median `--real-test-s` one-core seconds, sigma 0.8: long-tailed) whose work is 10% serial and
-90% split over `$PRORL_DOP` forked processes, so it scales with its cores. Work is counted in loop iterations,
-converted from seconds with the rate this machine's Python reaches on one idle core (measured first).
+on the host, lognormal, median `--real-think-s`, sigma 0.6) and an action in its sandbox, `--real-turns` times.
+An action is a Python busy loop of fixed work: a short one (one process, lognormal, median `--real-short-s`
+one-core seconds, sigma 0.5) or, with probability `--real-test-share`, a test run (lognormal, median
+`--real-test-s` one-core seconds, sigma 0.8: long-tailed) whose work is 10% serial and 90% split over
+`$PRORL_DOP` forked processes, so it scales with its cores. Work is counted in loop iterations, converted from
+seconds with the rate this machine's Python reaches on one core (measured first, on the host). The defaults
+put about 47% of a trajectory's life in actions under the static arm, as in the paper.
 
 - static (trajectory-level, the baseline): no pool; each sandbox has the cgroup quota `cores / trajectories`
-  (`SandboxLimits.cpus`) for its whole life, unpinned, and its test runs use `ceil(cores / trajectories)`
-  processes: as many as the quota can keep busy (more processes would share the same quota, fewer would leave
-  part of it unused).
-- action (action-level): a `CpuPool` of `k` cores (`CpuPool.for_node`, the last `k` CPU ids, no reserve otherwise,
-  idle share 0.1 core); short actions are `sandbox.bash(cmd)` (one core), test runs
-  `sandbox.bash(cmd, dop=(1, k), kind="tests")` and use `$PRORL_DOP` processes. Run for every `k` of
-  `--real-pools` (default: all the cores, then half of them) to find the cores action-level needs to match the
-  static ACT.
+  (`SandboxLimits.cpus`) for its whole life, on any CPU, and its test runs use `ceil(cores / trajectories)`
+  processes: as many as the quota can keep busy (more would share the same quota, fewer would leave part of it
+  unused).
+- action (action-level): a `CpuPool` of `k` cores (`CpuPool.for_node`: the last `k` CPU ids, idle share 0.1
+  core); short actions are `sandbox.bash(cmd)` (one core), test runs `sandbox.bash(cmd, dop=(1, k),
+  kind="tests")` with `$PRORL_DOP` processes; each arm starts with a fresh pool (its duration models learn from
+  scratch). Run for every `k` of `--real-pools` (default: all the cores, then half of them), to find the cores
+  action-level needs to match the static ACT.
 
-ACT = from asking to answer of `sandbox.bash`, on the host: the wait for the grant (queueing in the
-scheduler), the cgroup writes, the round trip and the command. Sandbox starts are outside the measurement.
-The arms run one after the other in the same invocation (static first), so compare them within one run.
+Every arm runs the same trace, one arm after the other, in `--real-rounds` rounds (round `r` uses seed
+`--seed + r`; every other round runs the arms in reverse order, so a drift of the machine's load falls on every
+arm alike); sandboxes start before the clock and close after it. ACT = from asking to answer of `sandbox.bash`,
+on the host: the wait for the grant (queueing in the scheduler), the cgroup writes, the round trip and the
+command. Beside each arm: the machine's busy cores meanwhile (/proc/stat: the trace and everything else running
+here), and the ACT the simulation above gives the same traces (durations known, no overhead, no other load).
 
 JSON keys (`--json PATH`). Simulated part: `cores`, `seed`, and `batches`: a list of {`batch`, `actions`,
 `static_act_s`, `action_act_s`, `act_ratio`, `static_makespan_s`, `action_makespan_s`, `action_busy_fraction`
 (the time trajectories spend in actions under static allocation, over their lifetime), `plan_us_per_action`
 (wall microseconds of `plan()` per started action)}. Real part, under `real`: either {`skipped`: why} or
-{`cores` (CPUs this process may use), `trajectories`, `seed`, `turns`, `think_s`, `short_s`, `test_s`,
-`test_share` (the trace parameters), `static_cpus` (quota per sandbox), `static_dop`, `spin_rate` (loop
-iterations per one-core second), `load_average` (1-minute, before and after), `arms`: a list of {`arm`
-("static" or "action"), `pool_cores` (the cores the arm allocates), `actions`, `act_s` (mean ACT), `act_p95_s`,
-`short_act_s`, `test_act_s` (mean ACT of each kind), `wait_s` (mean ACT minus the command's own wall time:
-queueing, cgroup writes, round trip, Python's start), `makespan_s` (the batch, from its first model wait to its
-last action), `busy_fraction` (time in actions over trajectory lifetimes)}, `act_ratio` and `makespan_ratio`
-(static over action-level with all the cores), `cores_to_match_static` (the fewest pool cores whose ACT is at
-most the static ACT; null if none of `--real-pools` did)}.
+{`cores` (CPUs this process may use), `trajectories`, `rounds`, `seed`, `turns`, `think_s`, `short_s`, `test_s`,
+`test_share` (the trace parameters), `work_core_s` (one-core seconds of work of all rounds), `static_cpus`
+(quota per sandbox), `static_dop`, `spin_rate` (loop iterations per one-core second), `load_average` (1-minute,
+before and after), `arms`: a list of {`arm` ("static" or "action"), `pool_cores` (the cores the arm allocates),
+`actions`, `act_s` (mean ACT), `act_p95_s`, `short_act_s`, `test_act_s` (mean ACT of each kind), `wait_s`
+(mean ACT minus the command's own wall time: queueing, cgroup writes, round trip, Python's start),
+`makespan_s` (a round's batch, from its first model wait to its last action, averaged over rounds),
+`busy_fraction` (time in actions over trajectory lifetimes), `machine_busy_cores`, `simulated_act_s`},
+`act_ratio` and `makespan_ratio` (static over action-level with all the cores), `cores_to_match_static` (the
+fewest pool cores whose ACT is at most the static ACT; null if none of `--real-pools` did)}.
 """
 
 from __future__ import annotations
@@ -374,6 +379,29 @@ class Run:
     machine_busy_cores: float
 
 
+def simulated_act(arm: Arm, plans: list[list[Step]]) -> float:
+    """The arm's mean ACT on the same trace in the simulation (durations known, no overhead, no other load): static
+    runs each action at once on its quota, action-level through `run_action_level` (the server's `plan()`)."""
+    if arm.static_cpus is not None:
+        share, dop = arm.static_cpus, arm.static_dop
+        acts = [
+            s.work_s * (TEST_SERIAL / min(1.0, share) + (1.0 - TEST_SERIAL) / min(dop, share))
+            if s.test
+            else s.work_s / min(1.0, share)
+            for steps in plans
+            for s in steps
+        ]
+        return statistics.fmean(acts)
+
+    def simulated(step: Step) -> Action:
+        if step.test:
+            return Action((1, arm.cores), step.work_s, TEST_SERIAL)
+        return Action((1, 1), step.work_s, 1.0)
+
+    trajectories = [Trajectory([(s.think_s, simulated(s)) for s in steps]) for steps in plans]
+    return statistics.fmean(run_action_level(trajectories, arm.cores)[0])
+
+
 def cpu_jiffies() -> tuple[int, int]:
     """(busy, all) jiffies of every CPU since boot, from /proc/stat."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -430,8 +458,9 @@ async def run_arm(arm: Arm, plans: list[list[Step]], rate: float) -> Run:
     return Run(done, lifetimes, makespan, machine)
 
 
-def figures(arm: Arm, runs: list[Run]) -> dict[str, float | int | str | None]:
-    """One arm's row: ACTs over every action of every round, makespan and machine load averaged over rounds."""
+def figures(arm: Arm, runs: list[Run], plans: list[list[list[Step]]]) -> dict[str, float | int | str | None]:
+    """One arm's row: ACTs over every action of every round, makespan and machine load averaged over rounds, and
+    the ACT the simulation gives the same rounds' traces."""
     done = [d for run in runs for d in run.done]
     acts = sorted(d.act_s for d in done)
     return {
@@ -446,6 +475,7 @@ def figures(arm: Arm, runs: list[Run]) -> dict[str, float | int | str | None]:
         "makespan_s": statistics.fmean(run.makespan_s for run in runs),
         "busy_fraction": sum(acts) / sum(t for run in runs for t in run.lifetimes),
         "machine_busy_cores": statistics.fmean(run.machine_busy_cores for run in runs),
+        "simulated_act_s": statistics.fmean(simulated_act(arm, round_plans) for round_plans in plans),
     }
 
 
@@ -479,9 +509,9 @@ def run_real(trace: RealTrace, pools: list[int] | None, rounds: int) -> dict[str
         for i in order:
             runs[i].append(asyncio.run(run_arm(arms[i], plans[r], rate)))
     load.append(os.getloadavg()[0])
-    rows = [figures(arm, arm_runs) for arm, arm_runs in zip(arms, runs, strict=True)]
+    rows = [figures(arm, arm_runs, plans) for arm, arm_runs in zip(arms, runs, strict=True)]
     print(f"{'arm':<34} {'actions':>7} {'ACT s':>7} {'p95 s':>7} {'short s':>8} {'test s':>7} {'wait s':>7} "
-          f"{'span s':>7} {'in actions':>10} {'machine busy':>13}")  # fmt: skip
+          f"{'span s':>7} {'in actions':>10} {'machine busy':>13} {'simulated ACT s':>16}")  # fmt: skip
     for arm, row in zip(arms, rows, strict=True):
         if arm.static_cpus is None:
             label = f"action-level, pool of {arm.cores} core(s)"
@@ -489,7 +519,7 @@ def run_real(trace: RealTrace, pools: list[int] | None, rounds: int) -> dict[str
             label = f"static, {arm.static_cpus:g} core/sandbox, DoP {arm.static_dop}"
         print(f"{label:<34} {row['actions']:>7} {row['act_s']:>7.2f} {row['act_p95_s']:>7.2f} "
               f"{seconds(row['short_act_s']):>8} {seconds(row['test_act_s']):>7} {row['wait_s']:>7.2f} "
-              f"{row['makespan_s']:>7.1f} {row['busy_fraction']:>10.0%} {row['machine_busy_cores']:>7.2f} cores")  # fmt: skip
+              f"{row['makespan_s']:>7.1f} {row['busy_fraction']:>10.0%} {row['machine_busy_cores']:>7.2f} cores {row['simulated_act_s']:>16.2f}")  # fmt: skip
     static, full = rows[0], rows[1]
     matching = [r["pool_cores"] for r in rows[1:] if r["act_s"] <= static["act_s"]]
     result = {
@@ -534,7 +564,7 @@ def main() -> None:
     parser.add_argument("--real-rounds", type=int, default=2, help="rounds of every real arm (default 2)")
     parser.add_argument("--real-pools", help="action-level pool sizes, e.g. 2,1 (default: all cores, then half)")
     parser.add_argument("--real-turns", default="4,8", help="turns per trajectory and round, min,max (default 4,8)")
-    parser.add_argument("--real-think-s", type=float, default=1.6, help="median model wait (default 1.6 s)")
+    parser.add_argument("--real-think-s", type=float, default=1.2, help="median model wait (default 1.2 s)")
     parser.add_argument("--real-short-s", type=float, default=0.1, help="median short action on 1 core (default 0.1 s)")
     parser.add_argument("--real-test-s", type=float, default=0.75, help="median test run on 1 core (default 0.75 s)")
     parser.add_argument("--real-test-share", type=float, default=0.25, help="actions that are tests (default 0.25)")
