@@ -34,8 +34,9 @@ An action is a Python busy loop of fixed work: a short one (one process, lognorm
 one-core seconds, sigma 0.5) or, with probability `--real-test-share`, a test run (lognormal, median
 `--real-test-s` one-core seconds, sigma 0.8: long-tailed) whose work is 10% serial and 90% split over
 `$PRORL_DOP` forked processes, so it scales with its cores. Work is counted in loop iterations, converted from
-seconds with the rate this machine's Python reaches on one core (measured first, on the host). The defaults
-put about 47% of a trajectory's life in actions under the static arm, as in the paper.
+seconds with the rate this machine's Python reaches per CPU second (measured first, on the host, in CPU time so
+that other load does not change it). The defaults put about 47% of a trajectory's life in actions under the
+static arm, as in the paper.
 
 - static (trajectory-level, the baseline): no pool; each sandbox has the cgroup quota `cores / trajectories`
   (`SandboxLimits.cpus`) for its whole life, on any CPU, and its test runs use `ceil(cores / trajectories)`
@@ -243,12 +244,17 @@ def run_sim(cores: int, batches: list[int], seed: int) -> list[dict[str, float]]
 
 # real part: this machine's cores, real bubblewrap sandboxes -------------------------------------------------
 
-WORKER = """\
-import os, sys, time
+SPIN = """\
 def spin(n):
     x = 0
     for i in range(n):
         x += i
+"""
+"""The work of every real action: `n` iterations of a Python loop."""
+
+WORKER = f"""\
+import os, sys, time
+{SPIN}
 began = time.perf_counter()
 serial, parallel, procs = map(int, sys.argv[1:4])
 spin(serial)
@@ -348,13 +354,13 @@ def real_unavailable() -> str | None:
 
 
 def spin_rate() -> float:
-    """Loop iterations per second of WORKER on one core here (the best of five runs on the host)."""
+    """Iterations per CPU second of SPIN here, in a Python started as the actions' is (the best of three; CPU
+    time, so what else runs on the machine does not change the amounts of work)."""
     n = 2_000_000
+    code = f"import time\n{SPIN}began = time.process_time()\nspin({n})\nprint(time.process_time() - began)"
     best = math.inf
-    for _ in range(5):
-        out = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", WORKER, str(n), "0", "1"], capture_output=True, text=True, check=True
-        )
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
         best = min(best, float(out.stdout))
     return n / best
 
@@ -519,7 +525,8 @@ def run_real(trace: RealTrace, pools: list[int] | None, rounds: int) -> dict[str
             label = f"static, {arm.static_cpus:g} core/sandbox, DoP {arm.static_dop}"
         print(f"{label:<34} {row['actions']:>7} {row['act_s']:>7.2f} {row['act_p95_s']:>7.2f} "
               f"{seconds(row['short_act_s']):>8} {seconds(row['test_act_s']):>7} {row['wait_s']:>7.2f} "
-              f"{row['makespan_s']:>7.1f} {row['busy_fraction']:>10.0%} {row['machine_busy_cores']:>7.2f} cores {row['simulated_act_s']:>16.2f}")  # fmt: skip
+              f"{row['makespan_s']:>7.1f} {row['busy_fraction']:>10.0%} {row['machine_busy_cores']:>7.2f} cores "
+              f"{row['simulated_act_s']:>16.2f}")  # fmt: skip
     static, full = rows[0], rows[1]
     matching = [r["pool_cores"] for r in rows[1:] if r["act_s"] <= static["act_s"]]
     result = {
