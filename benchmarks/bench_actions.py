@@ -53,7 +53,7 @@ Every arm runs the same trace, one arm after the other, in `--real-rounds` round
 arm alike); sandboxes start before the clock and close after it. ACT = from asking to answer of `sandbox.bash`,
 on the host: the wait for the grant (queueing in the scheduler), the cgroup writes, the round trip and the
 command. Beside each arm: the machine's busy cores meanwhile (/proc/stat: the trace and everything else running
-here), and the ACT the simulation above gives the same traces (durations known, no overhead, no other load).
+here), the part of them that is not the trace's work ("others"), and the ACT the simulation above gives the same traces (durations known, no overhead, no other load).
 
 JSON keys (`--json PATH`). Simulated part: `cores`, `seed`, and `batches`: a list of {`batch`, `actions`,
 `static_act_s`, `action_act_s`, `act_ratio`, `static_makespan_s`, `action_makespan_s`, `action_busy_fraction`
@@ -66,7 +66,9 @@ before and after), `arms`: a list of {`arm` ("static" or "action"), `pool_cores`
 `actions`, `act_s` (mean ACT), `act_p95_s`, `short_act_s`, `test_act_s` (mean ACT of each kind), `wait_s`
 (mean ACT minus the command's own wall time: queueing, cgroup writes, round trip, Python's start),
 `makespan_s` (a round's batch, from its first model wait to its last action, averaged over rounds),
-`busy_fraction` (time in actions over trajectory lifetimes), `machine_busy_cores`, `simulated_act_s`},
+`busy_fraction` (time in actions over trajectory lifetimes), `machine_busy_cores`, `other_cores` (the machine's
+busy cores minus the trace's work over the makespan: an estimate of the load that is not the benchmark's),
+`simulated_act_s`},
 `act_ratio` and `makespan_ratio` (static over action-level with all the cores), `cores_to_match_static` (the
 fewest pool cores whose ACT is at most the static ACT; null if none of `--real-pools` did)}.
 """
@@ -481,6 +483,10 @@ def figures(arm: Arm, runs: list[Run], plans: list[list[list[Step]]]) -> dict[st
         "makespan_s": statistics.fmean(run.makespan_s for run in runs),
         "busy_fraction": sum(acts) / sum(t for run in runs for t in run.lifetimes),
         "machine_busy_cores": statistics.fmean(run.machine_busy_cores for run in runs),
+        "other_cores": statistics.fmean(
+            run.machine_busy_cores - sum(s.work_s for steps in round_plans for s in steps) / run.makespan_s
+            for run, round_plans in zip(runs, plans, strict=True)
+        ),
         "simulated_act_s": statistics.fmean(simulated_act(arm, round_plans) for round_plans in plans),
     }
 
@@ -517,7 +523,7 @@ def run_real(trace: RealTrace, pools: list[int] | None, rounds: int) -> dict[str
     load.append(os.getloadavg()[0])
     rows = [figures(arm, arm_runs, plans) for arm, arm_runs in zip(arms, runs, strict=True)]
     print(f"{'arm':<34} {'actions':>7} {'ACT s':>7} {'p95 s':>7} {'short s':>8} {'test s':>7} {'wait s':>7} "
-          f"{'span s':>7} {'in actions':>10} {'machine busy':>13} {'simulated ACT s':>16}")  # fmt: skip
+          f"{'span s':>7} {'in actions':>10} {'machine busy':>13} {'others':>7} {'simulated ACT s':>16}")  # fmt: skip
     for arm, row in zip(arms, rows, strict=True):
         if arm.static_cpus is None:
             label = f"action-level, pool of {arm.cores} core(s)"
@@ -526,7 +532,7 @@ def run_real(trace: RealTrace, pools: list[int] | None, rounds: int) -> dict[str
         print(f"{label:<34} {row['actions']:>7} {row['act_s']:>7.2f} {row['act_p95_s']:>7.2f} "
               f"{seconds(row['short_act_s']):>8} {seconds(row['test_act_s']):>7} {row['wait_s']:>7.2f} "
               f"{row['makespan_s']:>7.1f} {row['busy_fraction']:>10.0%} {row['machine_busy_cores']:>7.2f} cores "
-              f"{row['simulated_act_s']:>16.2f}")  # fmt: skip
+              f"{row['other_cores']:>7.2f} {row['simulated_act_s']:>16.2f}")  # fmt: skip
     static, full = rows[0], rows[1]
     matching = [r["pool_cores"] for r in rows[1:] if r["act_s"] <= static["act_s"]]
     result = {
