@@ -53,7 +53,8 @@ Every arm runs the same trace, one arm after the other, in `--real-rounds` round
 arm alike); sandboxes start before the clock and close after it. ACT = from asking to answer of `sandbox.bash`,
 on the host: the wait for the grant (queueing in the scheduler), the cgroup writes, the round trip and the
 command. Beside each arm: the machine's busy cores meanwhile (/proc/stat: the trace and everything else running
-here), the part of them that is not the trace's work ("others"), and the ACT the simulation above gives the same traces (durations known, no overhead, no other load).
+here), the part of them that is not the trace's work ("others"), and the ACT the simulation above gives the
+same traces (durations known, no overhead, no other load).
 
 JSON keys (`--json PATH`). Simulated part: `cores`, `seed`, and `batches`: a list of {`batch`, `actions`,
 `static_act_s`, `action_act_s`, `act_ratio`, `static_makespan_s`, `action_makespan_s`, `action_busy_fraction`
