@@ -16,7 +16,7 @@ OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/da
 dashboard's static page, script and style sheet, which hold no server data (its data, `/dashboard/data`,
 needs the key)."""
 
-GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|models)")
+GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|responses|models)")
 """A gateway session's OpenAI paths: the gateway checks their key itself (the session's own key or this
 one), so a session key opens these paths of its session and nothing else."""
 

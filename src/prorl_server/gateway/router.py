@@ -24,6 +24,7 @@ from prorl_server.gateway.protocol import (
     SessionOpened,
     SessionResult,
 )
+from prorl_server.gateway.responses.router import router as responses_router
 from prorl_server.gateway.serving import complete, completion_body, completion_events, read_chat_request
 from prorl_server.gateway.sessions import GatewaySession, SessionRegistry
 
@@ -35,6 +36,7 @@ def install(app: FastAPI, registry: SessionRegistry) -> None:
     app.state.gateway = registry
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.include_router(router)
+    app.include_router(responses_router)
 
 
 async def get_registry(request: Request) -> SessionRegistry:

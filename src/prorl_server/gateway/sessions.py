@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
 from prorl_server.gateway.protocol import OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
+from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import LLMError
 from prorl_server.scheduling.dispatch import DispatchPolicy
@@ -50,7 +51,8 @@ class GatewayLimits:
 
 @dataclass(eq=False)
 class GatewaySession:
-    """One open session: its id, key, model names and recorder, and its calls in flight."""
+    """One open session: its id, key, model names and recorder, its remembered Responses, and its calls in
+    flight."""
 
     id: str
     key: str
@@ -60,6 +62,7 @@ class GatewaySession:
     job_id: str | None = None
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for `previous_response_id`
     _inflight: set[asyncio.Task[object]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # `shut` may run on another thread
 
