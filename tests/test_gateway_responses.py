@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.testing import ScriptedReply
 from prorl_server.testing.scripted_backend import MODEL_NAME, ToyChatTokenizer
@@ -308,3 +309,29 @@ def test_a_session_remembers_its_latest_responses_only():
     for n in range(3):
         store.put(f"resp_{n}", ())
     assert len(store) == 2 and store.get("resp_0") is None and store.get("resp_2") == ()
+
+
+async def test_a_sandbox_s_bridge_passes_responses_plain_and_streamed(strict, server, tmp_path):
+    """What an OpenAI client in a sandbox reaches (the bridge's socket; the sandbox side is
+    test_gateway_sandbox.py's): the session's Responses, continued through the bridge in one segment."""
+    strict.double.push("one", "two")
+    session = open_session(server)
+    bridge = await SessionBridge.open(session["base_url"], session["api_key"], 64 * 1024, tmp_path)
+    http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(bridge.socket_path)))
+    client = openai.AsyncOpenAI(base_url="http://sandbox/v1", api_key="placeholder", http_client=http, max_retries=0)
+    try:
+        first = await client.responses.create(model=MODEL_NAME, input="u1")
+        async with client.responses.stream(model=MODEL_NAME, input="u2", previous_response_id=first.id) as stream:
+            second = await stream.get_final_response()
+    finally:
+        await client.close()
+        await bridge.close()
+    assert (first.output_text, second.output_text) == ("one", "two")
+    record = close_session(server, session)
+    conversation = [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "one"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "two"},
+    ]
+    assert_one_exact_segment(record, ["one", "two"], conversation)

@@ -4,7 +4,7 @@ The socket is bound into the sandbox, where the execution server relays `127.0.0
 (tools/relay.py), so that an OpenAI client inside reaches `http://127.0.0.1:<port>/v1`. The bridge is the
 trusted end and decides everything; what the sandbox sends is untrusted:
 
-- only `POST /v1/chat/completions` and `GET /v1/models` pass (no query string); anything else is a 404 in
+- only `POST /v1/chat/completions`, `POST /v1/responses` and `GET /v1/models` pass (no query string); anything else is a 404 in
   OpenAI's error shape. Each goes to the session's own base URL: the session is fixed by the socket, never
   by the path, so no other session, no trainer endpoint and no backend can be named from inside;
 - the bridge sends the session's key itself (`Authorization`), whatever the sandbox sends: the sandbox
@@ -35,7 +35,11 @@ import httpx
 
 from prorl_server.gateway.errors import GatewayError
 
-ROUTES = {("POST", "/v1/chat/completions"): "/chat/completions", ("GET", "/v1/models"): "/models"}
+ROUTES = {
+    ("POST", "/v1/chat/completions"): "/chat/completions",
+    ("POST", "/v1/responses"): "/responses",
+    ("GET", "/v1/models"): "/models",
+}
 MAX_CONNECTIONS = 16
 MAX_HEAD_BYTES = 16 * 1024
 READ_TIMEOUT_S = 60.0
@@ -157,8 +161,8 @@ class SessionBridge:
             raise _Refused(
                 GatewayError(
                     404,
-                    "this address serves only POST /v1/chat/completions and GET /v1/models of the sandbox's own "
-                    "gateway session",
+                    "this address serves only POST /v1/chat/completions, POST /v1/responses and GET /v1/models "
+                    "of the sandbox's own gateway session",
                     code="not_found",
                 )
             )
