@@ -6,6 +6,7 @@ bounds, what is refused, and keys."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import openai
@@ -335,3 +336,15 @@ async def test_a_sandbox_s_bridge_passes_responses_plain_and_streamed(strict, se
         {"role": "assistant", "content": "two"},
     ]
     assert_one_exact_segment(record, ["one", "two"], conversation)
+
+
+def test_the_guides_responses_example_runs_as_written(backend, start_server, capsys):
+    """docs/gateway.md's block under "OpenAI Responses", against a server on the scripted double."""
+    server = start_server([backend.address])
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "gateway.md").read_text()
+    section = guide.split("\n## OpenAI Responses\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"http://127.0.0.1:8000"' in code
+    exec(compile(code.replace("http://127.0.0.1:8000", server.url), "docs/gateway.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines()[-2:] == ["reply", "0 1 1"]  # the double's default reply
+    assert len(server.state.gateway) == 0
