@@ -302,3 +302,54 @@ def test_render_then_parse_is_the_identity(name):
             calls = calls[:1]
             schemas = schemas[:1]
         assert tool_format.parse(tool_format.render(calls), schemas) == ("", calls)
+
+
+# choosing the format -------------------------------------------------------------------------------
+
+
+def test_the_setting_names_every_format_and_auto_is_hermes():
+    from typing import get_args
+
+    from prorl_server.agent.tool_formats import HERMES, tool_format
+    from prorl_server.config import ServerSettings, ToolCallFormatName
+
+    assert set(get_args(ToolCallFormatName)) == {"auto", *FORMATS}
+    assert ServerSettings().tool_call_format == "auto" and tool_format("auto") is HERMES
+    with pytest.raises(KeyError, match="known: gpt_oss"):
+        tool_format("pythonic")
+
+
+def test_the_gateway_parses_and_renders_in_the_servers_format():
+    from prorl_server.gateway.messages import reply_of, template_message
+    from prorl_server.gateway.protocol import AssistantMessage
+
+    mistral = FORMATS["mistral"]
+    reply = reply_of("Looking.[TOOL_CALLS]bash[ARGS]" + json.dumps(CALLS[0].arguments), True, mistral, TOOLS)
+    assert reply.content == "Looking." and reply.tool_calls is not None
+    [call] = reply.tool_calls
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == CALLS[0].arguments
+    assert reply_of("[TOOL_CALLS]bash[ARGS]{oops", True, mistral, TOOLS).content == "[TOOL_CALLS]bash[ARGS]{oops"
+    made_up = AssistantMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps(CALLS[0].arguments)},
+                }
+            ],
+        }
+    )
+    assert template_message(made_up, None, mistral)["content"] == "Looking." + mistral.render(CALLS[:1])
+
+
+def test_the_agent_loop_asks_for_its_format():
+    from prorl_server.agent import AgentLoop, bash_tool, tools_prompt
+
+    qwen = FORMATS["qwen3_coder"]
+    assert qwen.hint in tools_prompt("Solve it.", [bash_tool()], qwen)
+    assert "<tool_call></tool_call> XML tags" in tools_prompt("Solve it.", [bash_tool()])  # Hermes, as before
+    with pytest.raises(KeyError):
+        AgentLoop([bash_tool()], "Solve it.", tool_format="pythonic")

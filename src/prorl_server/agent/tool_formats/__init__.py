@@ -44,7 +44,10 @@ def detect_format(chat_template: str) -> ToolCallFormat | None:
 
 
 def tool_format(name: str) -> ToolCallFormat:
-    """The format called `name`; KeyError naming the known ones."""
+    """The format called `name` (`auto`: Hermes, as no backend tells the server its chat template to detect
+    the family from); KeyError naming the known ones."""
+    if name == "auto":
+        return HERMES
     try:
         return FORMATS[name]
     except KeyError:
