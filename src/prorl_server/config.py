@@ -32,6 +32,9 @@ PredictorName = Literal["online", "source_mean", "none"]
 JournalSync = Literal["normal", "full"]
 """SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
+ToolCallFormatName = Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"]
+"""Tool-call formats by name (agent/tool_formats; `auto`: detected, which today means hermes)."""
+
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
 
@@ -248,6 +251,11 @@ class ServerSettings(BaseModel):
     )
     health_check_interval_s: float = Field(default=10.0, gt=0, description="Seconds between backend health checks.")
     llm_request_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds one LLM request may take.")
+    tool_call_format: ToolCallFormatName = Field(
+        default="auto",
+        description="How the models write tool calls: the gateway parses replies and renders past calls in "
+        "it, the shared agent loop asks for it. auto: hermes (no backend tells its chat template yet).",
+    )
     llm_max_failovers: int = Field(
         default=3,
         ge=0,

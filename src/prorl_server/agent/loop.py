@@ -1,7 +1,8 @@
 """The agent loop shared by handlers: generate, parse tool calls, run them in the sandbox, repeat.
 
 Token ids only: the prompt is the chat template of the system prompt (the task's instructions plus the
-tool schemas in the Hermes format) and the first user message, or a list of messages (few-shot turns);
+tool schemas and how to call them, in the job's tool-call format: Hermes unless the server's
+`--tool-call-format` or the loop's `tool_format` says otherwise) and the first user message, or a list of messages (few-shot turns);
 after that every turn appends the sampled ids and the template delta of the observations (`LLMSession`),
 never a re-tokenization of model output.
 
@@ -27,10 +28,10 @@ it is a `reminder_role` message ("user").
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from prorl_server.agent.tool_calls import FORMAT_HINT, MalformedCall, ToolCall, parse_tool_calls
+from prorl_server.agent.tool_formats import HERMES, MalformedCall, ToolCall, ToolCallFormat, tool_format
 from prorl_server.agent.tools import Tool, ToolArgumentError, ToolResult
 from prorl_server.handlers.context import JobContext
 
@@ -43,9 +44,15 @@ SystemPromptMode = Literal["replace", "append"]
 Message = dict[str, Any]
 
 
-def tools_prompt(instructions: str, tools: list[Tool]) -> str:
-    """The system prompt: the task's instructions, then the tool schemas and the call format (Hermes)."""
+def tools_prompt(instructions: str, tools: list[Tool], call_format: ToolCallFormat = HERMES) -> str:
+    """The system prompt: the task's instructions, then the tool schemas and how to call them."""
     schemas = "\n".join(json.dumps(t.schema()) for t in tools)
+    if call_format is not HERMES:
+        return (
+            f"{instructions.strip()}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\n"
+            f"To call a function, write:\n{call_format.hint}"
+        )
     return (
         f"{instructions.strip()}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\n"
@@ -84,7 +91,8 @@ class AgentLoop:
     "replace" them (default) or "append" to them; the handler chooses. `observation_role` is the role of
     tool results ("tool": the chat template decides how they look); `reminder_role` the role of the
     loop's own messages ("user"). `no_tool_call_reminder` is what the model reads after a turn without a
-    call (`on_no_tool_call="remind"`).
+    call (`on_no_tool_call="remind"`; by default it shows a call in the job's format). `tool_format` names
+    the tool-call format (`agent.tool_formats.FORMATS`); by default the server's `--tool-call-format`.
     """
 
     tools: list[Tool]
@@ -94,9 +102,8 @@ class AgentLoop:
     system_prompt_mode: SystemPromptMode = "replace"
     observation_role: str = "tool"
     reminder_role: str = "user"
-    no_tool_call_reminder: str = field(
-        default=f"No tool call found. Call a tool as {FORMAT_HINT}, or call the submitting tool when you are done."
-    )
+    no_tool_call_reminder: str | None = None
+    tool_format: str | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -105,6 +112,13 @@ class AgentLoop:
         if self.system_prompt_mode not in ("replace", "append"):
             raise ValueError(f"system_prompt_mode must be 'replace' or 'append', not {self.system_prompt_mode!r}")
         self._by_name = {t.name: t for t in self.tools}
+        self._schemas = [t.schema() for t in self.tools]
+        if self.tool_format is not None:
+            tool_format(self.tool_format)  # an unknown name fails here, not in the first job
+
+    def call_format(self, ctx: JobContext) -> ToolCallFormat:
+        """The job's tool-call format: the loop's own, else the server's."""
+        return tool_format(self.tool_format or ctx.tool_call_format)
 
     def system_instructions(self, agent_config: dict[str, Any]) -> str:
         """The instructions of the system prompt (before the tool schemas), given the trainer's
@@ -124,7 +138,8 @@ class AgentLoop:
         """
         config = ctx.agent_config
         max_turns = int(config.get("max_turns") or self.max_turns)
-        system = {"role": "system", "content": tools_prompt(self.system_instructions(config), self.tools)}
+        call_format = self.call_format(ctx)
+        system = {"role": "system", "content": tools_prompt(self.system_instructions(config), self.tools, call_format)}
         await ctx.llm.start([system, *_conversation(task)])
         limit = config.get("max_context_length") or await ctx.llm.context_limit()
         result = AgentResult(stop_reason="max_turns")
@@ -135,7 +150,7 @@ class AgentLoop:
                 break
             turn = await ctx.llm.generate(**overrides)
             result.turns += 1
-            observations, stop = await self._act(ctx, turn.text, result)
+            observations, stop = await self._act(ctx, call_format, turn.text, result)
             if stop is not None:
                 result.stop_reason = stop
                 break
@@ -159,13 +174,18 @@ class AgentLoop:
         room = limit - used
         return {"max_tokens": min(DEFAULT_TURN_TOKENS, room)} if room >= MIN_TURN_TOKENS else None
 
-    async def _act(self, ctx: JobContext, text: str, result: AgentResult) -> tuple[list[Message], StopReason | None]:
+    async def _act(
+        self, ctx: JobContext, call_format: ToolCallFormat, text: str, result: AgentResult
+    ) -> tuple[list[Message], StopReason | None]:
         """Run the turn's calls in order; returns the messages the model reads next, or why the episode ends."""
-        calls = parse_tool_calls(text)
+        _, calls = call_format.parse(text, self._schemas)
         if not calls:
             if self.on_no_tool_call == "finish":
                 return [], "no_tool_call"
-            return [{"role": self.reminder_role, "content": self.no_tool_call_reminder}], None
+            reminder = self.no_tool_call_reminder or (
+                f"No tool call found. Call a tool as {call_format.hint}, or call the submitting tool when you are done."
+            )
+            return [{"role": self.reminder_role, "content": reminder}], None
         observations = []
         for call in calls:
             result.tool_calls += 1

@@ -15,6 +15,7 @@ from fastapi import Request
 from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
 from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused, parse_model_service
 from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
+from prorl_server.agent.tool_formats import tool_format
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
@@ -229,7 +230,12 @@ def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: Dis
         max_failovers=settings.llm_max_failovers,
     )
     return SessionRegistry(
-        backends, limits, operator_key=settings.api_key, dispatch=dispatch, public_url=settings.gateway_public_url()
+        backends,
+        limits,
+        operator_key=settings.api_key,
+        dispatch=dispatch,
+        public_url=settings.gateway_public_url(),
+        tool_format=tool_format(settings.tool_call_format),
     )
 
 

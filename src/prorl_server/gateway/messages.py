@@ -1,10 +1,10 @@
 """A harness's chat messages, three ways: checked (tool results answer calls), as the chat template gets
 them, and as a key to compare histories with; and the model's text as an OpenAI reply.
 
-Tool calls use the agent loop's format (`agent.tool_calls`, Hermes/Qwen: `<tool_call>{"name": ...,
-"arguments": {...}}</tool_call>`): a reply's calls are parsed from the sampled text, and an assistant
-message the chat template renders is given the text the model sampled for it when the gateway returned
-that message, else its content followed by its calls written in that format.
+Tool calls use the server's tool-call format (`agent.tool_formats`, `--tool-call-format`; Hermes/Qwen,
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, by default): a reply's calls are parsed from the
+sampled text, and an assistant message the chat template renders is given the text the model sampled for
+it when the gateway returned that message, else its content followed by its calls written in that format.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from prorl_server.agent.tool_calls import CLOSE, OPEN, ToolCall, parse_tool_calls
+from prorl_server.agent.tool_formats import HERMES, ToolCall, ToolCallFormat
 from prorl_server.gateway.errors import bad_request
 from prorl_server.gateway.protocol import (
     AssistantMessage,
@@ -83,32 +83,40 @@ def reply_key(reply: AssistantReply) -> MessageKey:
     return json.dumps(fields, sort_keys=True, ensure_ascii=False)
 
 
-def template_message(message: ChatMessage, sampled_text: str | None = None) -> dict[str, Any]:
+def template_message(
+    message: ChatMessage, sampled_text: str | None = None, tool_format: ToolCallFormat = HERMES
+) -> dict[str, Any]:
     """`message` as the chat template gets it; an assistant message the gateway returned is given its
-    `sampled_text` (what the model actually said, calls included)."""
+    `sampled_text` (what the model actually said, calls included), another one its content followed by
+    its calls in `tool_format`."""
     if isinstance(message, AssistantMessage):
         if sampled_text is not None:
             return {"role": "assistant", "content": sampled_text}
-        text = content_text(message.content)
-        for call in message.tool_calls or ():
-            body = json.dumps({"name": call.function.name, "arguments": _arguments(call.function.arguments, "")})
-            text += f"{OPEN}\n{body}\n{CLOSE}"
-        return {"role": "assistant", "content": text}
+        calls = [ToolCall(c.function.name, _arguments(c.function.arguments, "")) for c in message.tool_calls or ()]
+        return {
+            "role": "assistant",
+            "content": content_text(message.content) + (tool_format.render(calls) if calls else ""),
+        }
     if isinstance(message, ToolMessage):
         return {"role": "tool", "content": content_text(message.content), "tool_call_id": message.tool_call_id}
     role = "system" if message.role == "developer" else message.role
     return {"role": role, "content": content_text(message.content)}
 
 
-def reply_of(text: str, parse_calls: bool) -> AssistantReply:
-    """The OpenAI message of a sampled turn: with `parse_calls`, its tool calls when every `<tool_call>`
-    block is a well-formed call (the text before the first block is the content); else all text."""
+def reply_of(
+    text: str,
+    parse_calls: bool,
+    tool_format: ToolCallFormat = HERMES,
+    tools: list[dict[str, Any]] | None = None,
+) -> AssistantReply:
+    """The OpenAI message of a sampled turn: with `parse_calls`, its tool calls (in `tool_format`, typed by
+    the request's `tools` where the format needs it) when every call is well-formed (the text before the
+    first call is the content); else all text."""
     if parse_calls:
-        calls = parse_tool_calls(text)
+        content, calls = tool_format.parse(text, tools)
         if calls and all(isinstance(c, ToolCall) for c in calls):
-            content = text[: text.index(OPEN)].strip() or None
             return AssistantReply(
-                content=content,
+                content=content or None,
                 tool_calls=[
                     ToolCallOut(
                         id=f"call_{secrets.token_hex(12)}",

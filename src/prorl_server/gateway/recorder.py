@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from prorl_server.agent.tool_formats import HERMES, ToolCallFormat
 from prorl_server.gateway.errors import GatewayError, bad_request
 from prorl_server.gateway.messages import (
     MessageKey,
@@ -66,7 +67,8 @@ class ConversationRecorder:
     job's are, under `job_id`).
 
     `sampling_params` are the trainer's; a harness's sampling field is used only when it is in
-    `harness_params`. Calls are recorded one at a time, in arrival order.
+    `harness_params`. Tool calls are parsed and rendered in `tool_format`. Calls are recorded one at a
+    time, in arrival order.
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class ConversationRecorder:
         max_failovers: int = 3,
         dispatch: DispatchPolicy | None = None,
         data_source: str = "",
+        tool_format: ToolCallFormat = HERMES,
     ) -> None:
         self.job_id = job_id
+        self.tool_format = tool_format
         self.pool = pool
         self.sampling_params = dict(sampling_params)
         self.harness_params = harness_params
@@ -124,7 +128,7 @@ class ConversationRecorder:
             except BaseException:
                 self.failed_calls += 1
                 raise
-            reply = reply_of(turn.text, parse_calls)
+            reply = reply_of(turn.text, parse_calls, self.tool_format, tools)
             reply_k = reply_key(reply)
             self._remember(reply_k, turn.text)
             self._cursor = _Cursor([*keys, reply_k], tools_key, turn_session, sampled=True)
@@ -196,7 +200,7 @@ class ConversationRecorder:
         )
 
     def _template(self, message: Any, key: MessageKey) -> dict[str, Any]:
-        return template_message(message, self._sampled.get(key))
+        return template_message(message, self._sampled.get(key), self.tool_format)
 
     def _remember(self, key: MessageKey, text: str) -> None:
         self._sampled[key] = text

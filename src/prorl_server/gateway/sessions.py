@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from prorl_server.agent.tool_formats import HERMES, ToolCallFormat
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
 from prorl_server.gateway.protocol import OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
@@ -139,7 +140,7 @@ def session_closed() -> GatewayError:
 
 
 class SessionRegistry:
-    """The open gateway sessions of one server."""
+    """The open gateway sessions of one server (their replies' tool calls in `tool_format`)."""
 
     def __init__(
         self,
@@ -149,8 +150,10 @@ class SessionRegistry:
         operator_key: str | None = None,
         dispatch: DispatchPolicy | None = None,
         public_url: str | None = None,
+        tool_format: ToolCallFormat = HERMES,
     ) -> None:
         self.pool = pool
+        self.tool_format = tool_format
         self.limits = limits
         self.dispatch = dispatch
         self.public_url = public_url
@@ -183,6 +186,7 @@ class SessionRegistry:
             max_failovers=self.limits.max_failovers,
             dispatch=self.dispatch,
             data_source=request.data_source,
+            tool_format=self.tool_format,
         )
         with self._lock:
             if len(self._sessions) >= self.limits.max_sessions:

@@ -66,6 +66,8 @@ class JobContext:
     - `model_service(name)`: a model service (a judge or reward model), resident for the block.
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
+    - `tool_call_format`: how the model writes tool calls (the server's `--tool-call-format`; the shared
+      agent loop's default).
     """
 
     job_id: str
@@ -77,6 +79,7 @@ class JobContext:
     artifacts: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     stage: str = "queued"
+    tool_call_format: str = "auto"
     sandbox: Sandbox | None = None
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
     _judge: JudgePool | None = field(default=None, repr=False)

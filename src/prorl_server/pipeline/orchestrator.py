@@ -259,6 +259,7 @@ class Orchestrator:
             _services=self.services,
             _model_services=self.model_services,
             _gateway=self.gateway,
+            tool_call_format=self.settings.tool_call_format,
         )
         # a handler without an INIT of its own skips that stage's queue and thread hop
         first_stage = Stage.INIT if methods.stage(Stage.INIT).overridden else Stage.RUN
