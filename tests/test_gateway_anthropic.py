@@ -135,3 +135,255 @@ def test_a_tool_using_conversation_through_the_sdk_is_one_token_exact_segment(st
     last = client.messages.create(messages=messages, **ask)
     assert [(b.type, b.text) for b in last.content] == [("text", "Two files.")] and last.stop_reason == "end_turn"
     tool_conversation_check(close_session(server, session), ["a.txt", "b.txt"])
+
+
+async def test_async_client_streams_text_and_tool_use_and_the_conversation_stays_one_segment(strict, server):
+    strict.double.push(CALL_TEXT, CALL_TEXT, "Two files.")
+    session = open_session(server)
+    client = anthropic.AsyncAnthropic(base_url=anthropic_url(session), api_key=session["api_key"], max_retries=0)
+    ask = {
+        "model": MODEL_NAME,
+        "max_tokens": 256,
+        "system": "Use tools.",
+        "tools": TOOLS,
+        "tool_choice": {"type": "auto"},
+    }
+    try:
+        messages: list = [{"role": "user", "content": "What is here?"}]
+        async with client.messages.stream(messages=messages, **ask) as stream:
+            texts = [text async for text in stream.text_stream]
+            first = await stream.get_final_message()
+        assert "".join(texts) == "Let me look."
+        assert first.stop_reason == "tool_use" and first.usage.output_tokens == len(TOK.encode(CALL_TEXT + EOS))
+        use = first.content[1]
+        assert (use.type, use.name, use.input) == ("tool_use", "bash", {"command": "ls"})
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}]},
+        ]
+        # stream=True: the raw events, in Anthropic's order
+        events = [event async for event in await client.messages.create(messages=messages, stream=True, **ask)]
+        assert [e.type for e in events] == [
+            "message_start",
+            *["content_block_start", "content_block_delta", "content_block_stop"] * 2,
+            "message_delta",
+            "message_stop",
+        ]
+        assert events[2].delta.type == "text_delta" and events[2].delta.text == "Let me look."
+        started, delta = events[4].content_block, events[5].delta
+        assert (started.type, started.name, started.input) == ("tool_use", "bash", {})
+        assert delta.type == "input_json_delta" and json.loads(delta.partial_json) == {"command": "ls"}
+        assert events[7].delta.stop_reason == "tool_use" and events[7].usage.output_tokens == len(CALL_TEXT) + 1
+        messages += [
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me look."},
+                    started.model_dump() | {"input": {"command": "ls"}},
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": started.id, "content": "b.txt"}]},
+        ]
+        last = await client.messages.create(messages=messages, **ask)
+        assert last.content[0].text == "Two files."
+    finally:
+        await client.close()
+    tool_conversation_check(close_session(server, session), ["a.txt", "b.txt"])
+
+
+def test_a_streamed_message_reaches_the_sync_client_as_events(strict, server):
+    strict.double.push(*[ScriptedReply(text="Hello there, friend.", finish_reason="length")] * 2)
+    session = open_session(server)
+    with client_for(session).messages.stream(
+        model=MODEL_NAME, max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        assert "".join(stream.text_stream) == "Hello"
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 5
+    assert strict.double.requests[0].params["max_tokens"] == 5
+    raw = httpx.post(
+        f"{anthropic_url(session)}/v1/messages",
+        headers={"x-api-key": session["api_key"]},
+        json={"model": MODEL_NAME, "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "Hi"}]},
+    )
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.startswith("event: message_start\ndata: {")  # the event names as Anthropic sends them
+    assert raw.text.rstrip().endswith('event: message_stop\ndata: {"type": "message_stop"}')
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "says"),
+    [
+        ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
+        ({"messages": []}, 400, "invalid_request_error", "messages"),
+        ({"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "messages[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+            400,
+            "invalid_request_error",
+            "'image'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+            400,
+            "invalid_request_error",
+            "'document'",
+        ),
+        (
+            {"messages": [USER, {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]}, USER]},
+            400,
+            "invalid_request_error",
+            "'thinking'",
+        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "invalid_request_error", "thinking"),
+        ({"tools": TOOLS, "tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "bash"}}, 400, "invalid_request_error", "'tool'"),
+        (
+            {"tools": [{"type": "bash_20250124", "name": "bash"}]},
+            400,
+            "invalid_request_error",
+            "tools[0]",
+        ),
+        ({"messages": [USER, {"role": "assistant", "content": "Sure"}]}, 400, "invalid_request_error", "prefill"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}]},
+            400,
+            "invalid_request_error",
+            "messages[0].content[0].tool_use_id",
+        ),
+        (
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "t1"}],
+                    },
+                ]
+            },
+            400,
+            "invalid_request_error",
+            "must come before",
+        ),
+        ({"temperature": 1.5}, 400, "invalid_request_error", "temperature"),
+        ({"stop_sequences": ["s"] * 17}, 400, "invalid_request_error", "stop_sequences"),
+        ({"model": "claude-opus-4"}, 404, "not_found_error", "claude-opus-4"),
+    ],
+)
+def test_bad_input_gets_an_anthropic_error_and_leaves_the_recording_intact(strict, server, body, status, kind, says):
+    strict.double.push("first", "second")
+    session = open_session(server)
+    client = client_for(session)
+    messages: list = [USER]
+    client.messages.create(model=MODEL_NAME, max_tokens=16, messages=messages)
+    request = {"model": MODEL_NAME, "max_tokens": 16, "messages": messages, **body}
+    answer = httpx.post(
+        f"{anthropic_url(session)}/v1/messages",
+        json={k: v for k, v in request.items() if v is not None},
+        headers={"x-api-key": session["api_key"]},
+    )
+    assert answer.status_code == status, answer.text
+    error = answer.json()
+    assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
+    assert error["error"]["type"] == kind and says in error["error"]["message"], error
+    messages += [{"role": "assistant", "content": "first"}, {"role": "user", "content": "more"}]
+    client.messages.create(model=MODEL_NAME, max_tokens=16, messages=messages)
+    record = close_session(server, session)
+    assert record["rewrites"] == 0 and [t["text"] for t in record["segments"][0]["turns"]] == ["first", "second"]
+
+
+def test_the_sdk_raises_the_matching_errors(strict, start_server):
+    server = start_server([strict.address], gateway_max_body_bytes=4096)
+    strict.double.push(ScriptedReply(text="refused", status_code=400))
+    session = open_session(server)
+    client = client_for(session)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model=MODEL_NAME, max_tokens=8, messages=[{"role": "user", "content": [image]}])
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-harness-big", max_tokens=8, messages=[USER])
+    with pytest.raises(anthropic.RequestTooLargeError) as big:
+        client.messages.create(model=MODEL_NAME, max_tokens=8, messages=[{"role": "user", "content": "x" * 5000}])
+    assert big.value.body["error"]["type"] == "request_too_large"
+    with pytest.raises(anthropic.BadRequestError) as refused:  # the backend refuses the prompt
+        client.messages.create(model=MODEL_NAME, max_tokens=8, messages=[USER])
+    assert "backend refused" in refused.value.message
+    bad_json = httpx.post(
+        f"{anthropic_url(session)}/v1/messages", content=b"{not json", headers={"x-api-key": session["api_key"]}
+    )
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["type"] == "invalid_request_error"
+    assert close_session(server, session)["failed_calls"] == 1
+
+
+def test_the_key_is_read_from_x_api_key_or_bearer_and_a_wrong_one_is_an_authentication_error(strict, start_server):
+    server = start_server([strict.address], api_key="operator-key")
+    operator = {"Authorization": "Bearer operator-key"}
+    a = server.http.post("/sessions", json={}, headers=operator).json()
+    b = server.http.post("/sessions", json={}, headers=operator).json()
+    strict.double.push("one", "two", "three", "four")
+    with pytest.raises(anthropic.AuthenticationError) as denied:
+        anthropic.Anthropic(base_url=anthropic_url(b), api_key=a["api_key"], max_retries=0).messages.create(
+            model=MODEL_NAME, max_tokens=8, messages=[USER]
+        )
+    assert denied.value.body["error"]["type"] == "authentication_error"
+    url = f"{anthropic_url(a)}/v1/messages"
+    request = {"model": MODEL_NAME, "max_tokens": 8, "messages": [USER]}
+    for headers in ({}, {"x-api-key": "sk-prorl-wrong"}, {"x-api-key": b["api_key"]}):
+        denied_raw = httpx.post(url, json=request, headers=headers)
+        assert denied_raw.status_code == 401 and denied_raw.json()["error"]["type"] == "authentication_error"
+    # an unknown session answers the same 401 to a session key, 404 to the operator's
+    unknown = f"{server.url}/sessions/{'0' * 32}/v1/messages"
+    assert httpx.post(unknown, json=request, headers={"x-api-key": a["api_key"]}).json() == denied_raw.json()
+    missing = httpx.post(unknown, json=request, headers={"x-api-key": "operator-key"})
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    for headers in ({"x-api-key": a["api_key"]}, {"Authorization": f"Bearer {a['api_key']}"}, operator):
+        assert httpx.post(url, json=request, headers=headers).status_code == 200
+    assert client_for(a).messages.create(model=MODEL_NAME, max_tokens=8, messages=[USER]).content  # the SDK's way
+    # a session key opens no trainer endpoint, in either header
+    for headers in ({"x-api-key": a["api_key"]}, {"Authorization": f"Bearer {a['api_key']}"}):
+        assert server.http.get("/jobs", headers=headers).status_code == 401
+
+
+def test_any_model_name_is_answered_when_the_session_accepts_it_and_the_names_are_recorded(strict, server):
+    strict.double.push("one", "two", "three")
+    strict_session = open_session(server)
+    with pytest.raises(anthropic.NotFoundError) as refused:
+        client_for(strict_session).messages.create(model="claude-harness-big", max_tokens=8, messages=[USER])
+    assert MODEL_NAME in refused.value.message
+    session = open_session(server, accept_any_model=True)
+    assert session["model"] == MODEL_NAME
+    client = client_for(session)
+    history: list = [USER]
+    first = client.messages.create(model="claude-harness-big", max_tokens=8, messages=history)
+    assert first.model == "claude-harness-big"  # answered as the name the harness sent
+    history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "more"}]
+    client.messages.create(model="claude-harness-small", max_tokens=8, messages=history)
+    history += [{"role": "assistant", "content": "two"}, {"role": "user", "content": "again"}]
+    client.messages.create(model="claude-harness-big", max_tokens=8, messages=history)
+    record = close_session(server, session)
+    assert record["harness_models"] == ["claude-harness-big", "claude-harness-small"]
+    assert record["rewrites"] == 0 and record["calls"] == 3
+    assert close_session(server, strict_session)["harness_models"] == []
+
+
+def test_sampling_fields_reach_the_backend_only_as_the_trainer_allows(strict, server):
+    strict.double.push("ok", "ok")
+    session = open_session(
+        server, sampling_params={"temperature": 1.0, "top_k": 50}, harness_params=["max_tokens", "top_k", "stop"]
+    )
+    client = client_for(session)
+    client.messages.create(
+        model=MODEL_NAME,
+        max_tokens=9,
+        stop_sequences=["END"],
+        metadata={"user_id": "u"},
+        messages=[USER],
+        extra_body={"temperature": 0.0, "top_k": 5},  # fields this SDK no longer offers; older ones and harnesses do
+    )
+    [sent] = [r.params for r in strict.double.requests]
+    assert (sent["temperature"], sent["top_k"], sent["max_tokens"], sent["stop"]) == (1.0, 5, 9, ["END"])

@@ -54,7 +54,8 @@ async def read_messages_request(request: Request, limits: GatewayLimits) -> Mess
     try:
         return MessagesRequest.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        error = max(errors, key=lambda e: len(e["loc"]))  # the deepest: a block's, not "not a string"
         where = _where(error["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise bad_request(f"{where or 'body'}: {error['msg']}{more}"[:500]) from None
