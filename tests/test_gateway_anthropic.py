@@ -5,6 +5,7 @@ for a multi-turn tool-using conversation, errors in Anthropic's shape, keys, and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -239,6 +240,7 @@ USER = {"role": "user", "content": "hi"}
             "'thinking'",
         ),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "invalid_request_error", "thinking"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, 400, "invalid_request_error", "format"),
         ({"tools": TOOLS, "tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "bash"}}, 400, "invalid_request_error", "'tool'"),
         (
@@ -387,3 +389,35 @@ def test_sampling_fields_reach_the_backend_only_as_the_trainer_allows(strict, se
     )
     [sent] = [r.params for r in strict.double.requests]
     assert (sent["temperature"], sent["top_k"], sent["max_tokens"], sent["stop"]) == (1.0, 5, 9, ["END"])
+
+
+def test_a_turn_ended_by_a_stop_sequence_says_so_and_the_conversation_goes_on_in_its_segment(strict, server):
+    sampled = TOK.encode("Done. END")  # what vLLM returns: the stop string's ids, not its text, no end of turn
+    strict.double.push(ScriptedReply(ids=sampled, stop_reason="END"), ScriptedReply(ids=sampled, stop_reason="END"))
+    session = open_session(server, harness_params=["max_tokens", "stop"])
+    client = client_for(session)
+    ask = {"model": MODEL_NAME, "max_tokens": 32, "stop_sequences": ["END"]}
+    history: list = [USER]
+    first = client.messages.create(messages=history, **ask)
+    assert [b.text for b in first.content] == ["Done. "]
+    assert (first.stop_reason, first.stop_sequence) == ("stop_sequence", "END")
+    history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "more"}]
+    with client.messages.stream(messages=history, **ask) as stream:
+        second = stream.get_final_message()
+    assert (second.stop_reason, second.stop_sequence) == ("stop_sequence", "END")
+    record = close_session(server, session)
+    assert record["rewrites"] == 0
+    [segment] = record["segments"]
+    assert model_ids(segment) == sampled * 2
+    assert [t["stop_sequence"] for t in segment["turns"]] == ["END", "END"]
+
+
+def test_the_guides_anthropic_example_runs_as_written(strict, server):
+    """docs/gateway.md's Python block of its Anthropic section, against a session on the scripted double."""
+    strict.double.push("Hello.")
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "gateway.md").read_text()
+    section = guide.split("## Anthropic Messages\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {"session": open_session(server)}
+    exec(compile(code, "docs/gateway.md", "exec"), scope)
+    assert scope["reply"].content[0].text == "Hello."

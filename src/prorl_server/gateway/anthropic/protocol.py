@@ -92,6 +92,7 @@ class MessagesRequest(_Lenient):
     thinking: TaskJson | None = None
     mcp_servers: list[Any] | None = Field(default=None, max_length=MAX_TOOLS)
     output_format: TaskJson | None = None
+    output_config: TaskJson | None = None
 
 
 # answers -------------------------------------------------------------------------------------------

@@ -95,11 +95,13 @@ def message_of(request: MessagesRequest, call: RecordedCall) -> Message:
     for tool_call in call.reply.tool_calls or ():
         arguments = json.loads(tool_call.function.arguments)
         content.append(ToolUseOut(id=tool_call.id, name=tool_call.function.name, input=arguments))
+    stop_sequence = call.stop_sequence if call.finish_reason == "stop" else None
     return Message(
         id=f"msg_{secrets.token_hex(12)}",
         model=request.model,
         content=content,
-        stop_reason=STOP_REASONS.get(call.finish_reason, "end_turn"),
+        stop_reason="stop_sequence" if stop_sequence is not None else STOP_REASONS.get(call.finish_reason, "end_turn"),
+        stop_sequence=stop_sequence,
         usage=MessageUsage(input_tokens=call.prompt_tokens, output_tokens=call.completion_tokens),
     )
 
@@ -127,8 +129,12 @@ def _refuse_unsupported(request: MessagesRequest) -> None:
         raise bad_request("extended thinking is not supported", param="thinking")
     if request.mcp_servers:
         raise bad_request("MCP servers are not supported: give the harness's tools as `tools`", param="mcp_servers")
-    if request.output_format is not None:
-        raise bad_request("structured outputs (output_format) are not supported", param="output_format")
+    if request.output_format is not None or (request.output_config or {}).get("format") is not None:
+        raise bad_request(
+            "structured outputs (output_format, output_config.format) are not supported: the gateway does not "
+            "constrain decoding",
+            param="output_config.format" if request.output_format is None else "output_format",
+        )
 
 
 def _assistant(turn: AssistantTurn) -> AssistantMessage:
