@@ -421,3 +421,13 @@ def test_the_guides_anthropic_example_runs_as_written(strict, server):
     scope = {"session": open_session(server)}
     exec(compile(code, "docs/gateway.md", "exec"), scope)
     assert scope["reply"].content[0].text == "Hello."
+
+
+def test_a_backend_that_keeps_failing_is_an_overloaded_error(strict, start_server):
+    server = start_server([strict.address], llm_retry_budget_s=0.5, llm_max_failovers=1)
+    strict.double.push(*[ScriptedReply(text="x", status_code=503)] * 4, "fine")
+    session = open_session(server)
+    with pytest.raises(anthropic.OverloadedError) as failed:
+        client_for(session).messages.create(model=MODEL_NAME, max_tokens=8, messages=[USER])
+    assert failed.value.status_code == 529 and failed.value.body["error"]["type"] == "overloaded_error"
+    assert close_session(server, session)["failed_calls"] == 1
