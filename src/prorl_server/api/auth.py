@@ -16,9 +16,9 @@ OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/da
 dashboard's static page, script and style sheet, which hold no server data (its data, `/dashboard/data`,
 needs the key)."""
 
-GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|responses|models)")
-"""A gateway session's OpenAI paths: the gateway checks their key itself (the session's own key or this
-one), so a session key opens these paths of its session and nothing else."""
+GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|responses|models|messages)")
+"""A gateway session's OpenAI and Anthropic paths: the gateway checks their key itself (the session's own key or
+this one), so a session key opens these paths of its session and nothing else."""
 
 
 class ApiKeyMiddleware:

@@ -18,8 +18,11 @@ from prorl_server.protocol.bounded import TaskJson
 MAX_NAME_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 256
+MAX_HARNESS_MODELS = 16
 
-HarnessParam = Literal["temperature", "top_p", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty"]
+HarnessParam = Literal[
+    "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty"
+]
 """The sampling fields of a chat completion a session may let the harness set (`harness_params`)."""
 HARNESS_SAMPLING_FIELDS: tuple[str, ...] = get_args(HarnessParam)
 
@@ -116,6 +119,7 @@ class ChatCompletionRequest(_Lenient):
     n: int | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
@@ -259,6 +263,11 @@ class OpenSessionRequest(BaseModel):
         max_length=MAX_NAME_CHARS,
         description="A name the harness may use for the model besides the backend's served name.",
     )
+    accept_any_model: bool = Field(
+        default=False,
+        description="Answer whatever model name the harness sends (a harness with a model name of its own, "
+        "such as Claude Code's); the names it sent are in the result's `harness_models`.",
+    )
     data_source: str = Field(default="", max_length=MAX_NAME_CHARS, description="For telemetry, as a job's.")
 
 
@@ -285,6 +294,11 @@ class SessionResult(BaseModel):
         "the previous call's."
     )
     calls: int = Field(description="Chat completions answered.")
+    harness_models: list[str] = Field(
+        default_factory=list,
+        description=f"The model names the harness's answered calls sent, in order of first use (at most "
+        f"{MAX_HARNESS_MODELS}).",
+    )
     failed_calls: int = Field(
         description="Valid chat completions that got no reply: the backend failed, or the call was cancelled "
         "(its harness went away, or the session was closed)."

@@ -49,6 +49,7 @@ class RecordedCall:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None
 
 
 @dataclass
@@ -134,7 +135,7 @@ class ConversationRecorder:
             self._cursor = _Cursor([*keys, reply_k], tools_key, turn_session, sampled=True)
             self.calls += 1
         finish = "tool_calls" if reply.tool_calls else (turn.finish_reason or "stop")
-        return RecordedCall(reply, finish, turn.prompt_len, len(turn.output_ids))
+        return RecordedCall(reply, finish, turn.prompt_len, len(turn.output_ids), turn.stop_sequence)
 
     def trajectories(self) -> list[Trajectory]:
         """A consistent copy of every segment with at least one sampled turn, in order."""

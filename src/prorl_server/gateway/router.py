@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+from prorl_server.gateway.anthropic.router import router as anthropic_router
 from prorl_server.gateway.errors import GatewayError, gateway_error_handler, session_not_found
 from prorl_server.gateway.protocol import (
     ChatCompletionRequest,
@@ -37,6 +38,7 @@ def install(app: FastAPI, registry: SessionRegistry) -> None:
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.include_router(router)
     app.include_router(responses_router)
+    app.include_router(anthropic_router)
 
 
 async def get_registry(request: Request) -> SessionRegistry:

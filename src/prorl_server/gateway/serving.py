@@ -76,13 +76,15 @@ async def complete(session: GatewaySession, request: ChatCompletionRequest) -> R
             code="model_not_found",
         )
     try:
-        return await session.recorder.complete(request)
+        recorded = await session.recorder.complete(request)
     except SessionFinished:
         raise GatewayError(404, "the session is closed", code="session_closed") from None
     except BackendRequestError as exc:
         raise bad_request(f"the model's backend refused the request: {exc}", code="backend_rejected") from None
     except LLMError as exc:
         raise GatewayError(503, f"the model's backend failed: {exc}", type="server_error") from None
+    session.answered_as(request.model)
+    return recorded
 
 
 def completion_body(request: ChatCompletionRequest, call: RecordedCall) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from prorl_server.agent.tool_formats import HERMES, ToolCallFormat
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
-from prorl_server.gateway.protocol import OpenSessionRequest, SessionResult
+from prorl_server.gateway.protocol import MAX_HARNESS_MODELS, OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
 from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
@@ -61,6 +61,8 @@ class GatewaySession:
     alias: str | None
     recorder: ConversationRecorder
     job_id: str | None = None
+    accept_any_model: bool = False
+    harness_models: list[str] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
     responses: ResponseStore = field(default_factory=ResponseStore)  # for `previous_response_id`
@@ -68,8 +70,14 @@ class GatewaySession:
     _lock: threading.Lock = field(default_factory=threading.Lock)  # `shut` may run on another thread
 
     def answers_as(self, model: str) -> bool:
-        """Whether `model` names this session's model (the served name or the alias)."""
-        return model == self.model or (self.alias is not None and model == self.alias)
+        """Whether `model` names this session's model (the served name or the alias; any with
+        `accept_any_model`)."""
+        return self.accept_any_model or model == self.model or (self.alias is not None and model == self.alias)
+
+    def answered_as(self, model: str) -> None:
+        """Note that a call naming `model` was answered (the first MAX_HARNESS_MODELS names are kept)."""
+        if model not in self.harness_models and len(self.harness_models) < MAX_HARNESS_MODELS:
+            self.harness_models.append(model)
 
     @property
     def model_names(self) -> list[str]:
@@ -131,6 +139,7 @@ class GatewaySession:
             segments=r.trajectories(),
             rewrites=r.rewrites,
             calls=r.calls,
+            harness_models=list(self.harness_models),
             failed_calls=r.failed_calls,
         )
 
@@ -210,7 +219,13 @@ class SessionRegistry:
                 raise GatewayError(503, f"no LLM backend told its model name: {why}", type="server_error") from None
             raise
         session = GatewaySession(
-            session_id, KEY_PREFIX + secrets.token_urlsafe(32), model, request.model, recorder, job_id
+            session_id,
+            KEY_PREFIX + secrets.token_urlsafe(32),
+            model,
+            request.model,
+            recorder,
+            job_id,
+            accept_any_model=request.accept_any_model,
         )
         with self._lock:
             self._sessions[session_id] = session

@@ -182,10 +182,15 @@ class JobContext:
         return sandbox_spec(spec, bridge, gateway.model)
 
     async def gateway_session(
-        self, *, harness_params: tuple[str, ...] = ("max_tokens",), model: str | None = None
+        self,
+        *,
+        harness_params: tuple[str, ...] = ("max_tokens",),
+        model: str | None = None,
+        accept_any_model: bool = False,
     ) -> GatewayAccess:
         """Open an OpenAI gateway session for this job (docs/gateway.md): on the job's backend, with the job's
-        sampling params, of which the agent may set only `harness_params`; `model` is a name it may use.
+        sampling params, of which the agent may set only `harness_params`; `model` is a name it may use
+        (with `accept_any_model`, it may use any).
 
         The session is closed on release (right after RUN, or when the job ends), which aborts a completion
         in flight; its recording (`SessionResult`: the segments, rewrites and counts) is then appended to
@@ -201,6 +206,7 @@ class JobContext:
             sampling_params=self.sampling_params,
             harness_params=list(harness_params),  # type: ignore[arg-type]  # checked by the model
             model=model,
+            accept_any_model=accept_any_model,
             data_source=self.data_source,
         )
         session = await registry.open(request, job_id=self.job_id)

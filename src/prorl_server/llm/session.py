@@ -237,6 +237,7 @@ class LLMSession:
             backend=backend.address,
             weight_version=weight_version,
             finish_reason=completion.finish_reason,
+            stop_sequence=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
             prompt_len=len(prompt),
             output_ids=completion.output_ids,
             logprobs=completion.logprobs,

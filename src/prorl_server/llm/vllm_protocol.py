@@ -44,6 +44,7 @@ class CompletionResponseChoice(_Response):
     text: str = ""
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
     token_ids: list[TokenId] | None = None
 
 
@@ -93,6 +94,8 @@ class Completion:
     logprobs: list[float]
     finish_reason: str | None
     text: str
+    stop_reason: int | str | None = None
+    """vLLM's: the stop string (or stop token id) the completion ended on; None at end of turn or length."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,11 @@ def parse_completion(body: Body, *, max_tokens: int | None = None, vocab_size: i
         raise BackendProtocolError(f"completion response has {len(ids)} token ids, more than max_tokens={max_tokens}")
     check_vocabulary(ids, vocab_size, "completion")
     return Completion(
-        output_ids=ids, logprobs=block.token_logprobs, finish_reason=choice.finish_reason, text=choice.text
+        output_ids=ids,
+        logprobs=block.token_logprobs,
+        finish_reason=choice.finish_reason,
+        text=choice.text,
+        stop_reason=choice.stop_reason,
     )
 
 

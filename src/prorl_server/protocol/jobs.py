@@ -82,6 +82,9 @@ class TurnRecord(BaseModel):
     backend: str
     weight_version: str | int | None = None
     finish_reason: str | None = None
+    stop_sequence: str | None = Field(
+        default=None, description="The stop string (of the `stop` sampling param) the turn ended on, if one."
+    )
     prompt_len: int = Field(description="Length of the prompt (token ids) this turn was generated from.")
     output_ids: list[int]
     logprobs: list[float]

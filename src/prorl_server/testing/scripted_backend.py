@@ -87,6 +87,11 @@ class ScriptedReply(BaseModel):
     ids: list[int] | None = Field(default=None, description="The exact token ids to return, as they are.")
     logprobs: list[float] | None = Field(default=None, description="One per id (default: -0.1 .. -0.7 cycling).")
     finish_reason: str = Field(default="stop", description='"stop" (end-of-turn appended to `text`) or "length".')
+    stop_reason: str | None = Field(
+        default=None,
+        description="A stop string the reply ends on, as vLLM reports it (give `ids`: no end-of-turn is sampled); "
+        "the text sent ends before it, as vLLM's does.",
+    )
     delay_s: float | None = Field(
         default=None, ge=0, description="Seconds to 'generate' (default: the backend's default_delay_s)."
     )
@@ -402,11 +407,13 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         if not isinstance(reply, ScriptedReply):
             return reply
         ids, logprobs, finish = backend.materialize(reply, body.get("max_tokens"))
+        text = tok.decode([i for i in ids if i != tok.eos_id])
+        stop_reason = reply.stop_reason if finish == "stop" else None
         choice: dict[str, Any] = {
             "index": 0,
-            "text": tok.decode([i for i in ids if i != tok.eos_id]),
+            "text": text.removesuffix(stop_reason) if stop_reason is not None else text,
             "finish_reason": finish,
-            "stop_reason": None,
+            "stop_reason": stop_reason,
             "logprobs": None,
         }
         if body.get("logprobs") is not None:

@@ -1,0 +1,117 @@
+"""Reading a Messages request, answering errors in Anthropic's shape, and the streamed answer.
+
+A streamed request (`stream: true`) is sampled whole first, as on the OpenAI path (the backend is asked for
+token ids, which only a non-streamed vLLM completion returns), then sent as Anthropic's server-sent events:
+`message_start`, per content block `content_block_start`, one `content_block_delta` (`text_delta`, or
+`input_json_delta` for a `tool_use`) and `content_block_stop`, then `message_delta` (the stop reason and
+the output tokens) and `message_stop`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from pydantic_core import from_json
+from starlette.requests import Request
+
+from prorl_server.gateway.anthropic.protocol import ErrorDetail, ErrorResponse, Message, MessagesRequest, TextOut
+from prorl_server.gateway.errors import GatewayError, bad_request
+from prorl_server.gateway.sessions import GatewayLimits
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+"""Anthropic's error type of a status; a backend failure (the OpenAI path's 503) is 529 `overloaded_error`."""
+
+
+async def read_messages_request(request: Request, limits: GatewayLimits) -> MessagesRequest:
+    """The body as a MessagesRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limits.max_body_bytes:
+            raise GatewayError(
+                413, f"request body larger than {limits.max_body_bytes} bytes (the server's --gateway-max-body-bytes)"
+            )
+    try:
+        data = from_json(body, cache_strings=False, allow_inf_nan=False)
+    except ValueError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object")
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise bad_request(f"{len(messages)} messages; a request may have at most {limits.max_messages}")
+    try:
+        return MessagesRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        error = max(errors, key=lambda e: len(e["loc"]))  # the deepest: a block's, not "not a string"
+        where = _where(error["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise bad_request(f"{where or 'body'}: {error['msg']}{more}"[:500]) from None
+
+
+def error_response(error: GatewayError) -> JSONResponse:
+    """A GatewayError in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`."""
+    status = error.status if error.status in ERROR_TYPES else 529
+    kind = ERROR_TYPES.get(status, "overloaded_error")
+    message = error.body.error.message
+    if error.body.error.param:
+        message = f"{error.body.error.param}: {message}"
+    body = ErrorResponse(error=ErrorDetail(type=kind, message=message))
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+async def message_events(message: Message) -> AsyncIterator[str]:
+    """The streamed answer, as server-sent events."""
+    for event in _events(message):
+        yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def _events(message: Message) -> Iterator[dict[str, Any]]:
+    start = message.model_copy(update={"content": [], "stop_reason": None, "stop_sequence": None})
+    start.usage = start.usage.model_copy(update={"output_tokens": 0})
+    yield {"type": "message_start", "message": start.model_dump()}
+    for index, block in enumerate(message.content):
+        if isinstance(block, TextOut):
+            opened: dict[str, Any] = {"type": "text", "text": ""}
+            delta: dict[str, Any] = {"type": "text_delta", "text": block.text}
+        else:
+            opened = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.input, ensure_ascii=False)}
+        yield {"type": "content_block_start", "index": index, "content_block": opened}
+        yield {"type": "content_block_delta", "index": index, "delta": delta}
+        yield {"type": "content_block_stop", "index": index}
+    yield {
+        "type": "message_delta",
+        "delta": {"stop_reason": message.stop_reason, "stop_sequence": message.stop_sequence},
+        "usage": {"output_tokens": message.usage.output_tokens},
+    }
+    yield {"type": "message_stop"}
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a path, e.g. `messages[2].content[0].type` (union tags dropped)."""
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "str" or "[" in part or (i > 0 and isinstance(loc[i - 1], int) and part in _TAGS):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out[:200]
+
+
+_TAGS = frozenset({"user", "assistant", "text", "tool_use", "tool_result"})
