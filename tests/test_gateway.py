@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from gateway_sessions import close_session, open_session
 from polling import wait_for
 from server_jobs import result, submit
 
@@ -35,19 +36,8 @@ CALL_TEXT = 'Let me look.<tool_call>\n{"name": "bash", "arguments": {"command": 
 
 @pytest.fixture
 def server(start_server, strict):
+    """A prorl-server with the strict scripted backend registered (conftest's `server` has the lenient one)."""
     return start_server([strict.address])
-
-
-def open_session(server, **body) -> dict:
-    answer = server.http.post("/sessions", json=body)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-def close_session(server, session: dict) -> dict:
-    answer = server.http.delete(f"/sessions/{session['session_id']}")
-    assert answer.status_code == 200, answer.text
-    return answer.json()
 
 
 def client_for(session: dict) -> openai.OpenAI:

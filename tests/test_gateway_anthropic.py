@@ -10,6 +10,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
+from gateway_sessions import close_session, open_session
 
 from prorl_server.testing import ScriptedReply
 from prorl_server.testing.scripted_backend import MODEL_NAME, ToyChatTokenizer
@@ -28,19 +29,8 @@ EOS = "<|im_end|>"
 
 @pytest.fixture
 def server(start_server, strict):
+    """A prorl-server with the strict scripted backend registered (conftest's `server` has the lenient one)."""
     return start_server([strict.address])
-
-
-def open_session(server, **body) -> dict:
-    answer = server.http.post("/sessions", json=body)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-def close_session(server, session: dict) -> dict:
-    answer = server.http.delete(f"/sessions/{session['session_id']}")
-    assert answer.status_code == 200, answer.text
-    return answer.json()
 
 
 def anthropic_url(session: dict) -> str:

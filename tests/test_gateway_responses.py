@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from gateway_sessions import close_session, open_session
 
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.responses.store import ResponseStore
@@ -33,19 +34,8 @@ BARE_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "wc -l a.txt
 
 @pytest.fixture
 def server(start_server, strict):
+    """A prorl-server with the strict scripted backend registered (conftest's `server` has the lenient one)."""
     return start_server([strict.address])
-
-
-def open_session(server, **body) -> dict:
-    answer = server.http.post("/sessions", json=body)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-def close_session(server, session: dict) -> dict:
-    answer = server.http.delete(f"/sessions/{session['session_id']}")
-    assert answer.status_code == 200, answer.text
-    return answer.json()
 
 
 def client_for(session: dict) -> openai.OpenAI:

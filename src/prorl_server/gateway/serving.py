@@ -33,8 +33,9 @@ from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
 from prorl_server.llm.errors import BackendRequestError, LLMError, SessionFinished
 
 
-async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatCompletionRequest:
-    """The body as a ChatCompletionRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
+async def read_json_object(request: Request, limits: GatewayLimits, items: str, noun: str) -> dict[str, Any]:
+    """The body as a JSON object, or a 4xx GatewayError: 413 past `max_body_bytes`; 400 when it is not a JSON
+    object, or when its list `items` (`noun` in the message) is longer than `max_messages`."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
@@ -50,12 +51,18 @@ async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatComp
         raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
-    messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > limits.max_messages:
+    listed = data.get(items)
+    if isinstance(listed, list) and len(listed) > limits.max_messages:
         raise bad_request(
-            f"{len(messages)} messages; a request may have at most {limits.max_messages} (--gateway-max-messages)",
-            param="messages",
+            f"{len(listed)} {noun}; a request may have at most {limits.max_messages} (--gateway-max-messages)",
+            param=items,
         )
+    return data
+
+
+async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatCompletionRequest:
+    """The body as a ChatCompletionRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
+    data = await read_json_object(request, limits, "messages", "messages")
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:

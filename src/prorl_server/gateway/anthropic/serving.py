@@ -15,11 +15,11 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from pydantic_core import from_json
 from starlette.requests import Request
 
 from prorl_server.gateway.anthropic.protocol import ErrorDetail, ErrorResponse, Message, MessagesRequest, TextOut
 from prorl_server.gateway.errors import GatewayError, bad_request
+from prorl_server.gateway.serving import read_json_object
 from prorl_server.gateway.sessions import GatewayLimits
 
 ERROR_TYPES = {
@@ -35,22 +35,7 @@ ERROR_TYPES = {
 
 async def read_messages_request(request: Request, limits: GatewayLimits) -> MessagesRequest:
     """The body as a MessagesRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limits.max_body_bytes:
-            raise GatewayError(
-                413, f"request body larger than {limits.max_body_bytes} bytes (the server's --gateway-max-body-bytes)"
-            )
-    try:
-        data = from_json(body, cache_strings=False, allow_inf_nan=False)
-    except ValueError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object")
-    messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > limits.max_messages:
-        raise bad_request(f"{len(messages)} messages; a request may have at most {limits.max_messages}")
+    data = await read_json_object(request, limits, "messages", "messages")
     try:
         return MessagesRequest.model_validate(data)
     except ValidationError as exc:

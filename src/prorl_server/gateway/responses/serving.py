@@ -17,10 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import from_json
 from starlette.requests import Request
 
-from prorl_server.gateway.errors import GatewayError, bad_request
+from prorl_server.gateway.errors import bad_request
 from prorl_server.gateway.responses.protocol import (
     OutputFunctionCall,
     OutputItem,
@@ -30,7 +29,7 @@ from prorl_server.gateway.responses.protocol import (
     ResponsesRequest,
 )
 from prorl_server.gateway.responses.translate import chat_request, refuse_unsupported, reply_message, response_object
-from prorl_server.gateway.serving import complete
+from prorl_server.gateway.serving import complete, read_json_object
 from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
 
 _UNION_TAGS = frozenset({"str", "message", "function_call", "function_call_output"})
@@ -38,27 +37,7 @@ _UNION_TAGS = frozenset({"str", "message", "function_call", "function_call_outpu
 
 async def read_responses_request(request: Request, limits: GatewayLimits) -> ResponsesRequest:
     """The body as a ResponsesRequest, or a 4xx GatewayError (413 past `max_body_bytes`, 400 else)."""
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limits.max_body_bytes:
-            raise GatewayError(
-                413,
-                f"request body larger than {limits.max_body_bytes} bytes (the server's --gateway-max-body-bytes)",
-                code="body_too_large",
-            )
-    try:
-        data = from_json(body, cache_strings=False, allow_inf_nan=False)
-    except ValueError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object")
-    items = data.get("input")
-    if isinstance(items, list) and len(items) > limits.max_messages:
-        raise bad_request(
-            f"{len(items)} input items; a request may have at most {limits.max_messages} (--gateway-max-messages)",
-            param="input",
-        )
+    data = await read_json_object(request, limits, "input", "input items")
     try:
         return ResponsesRequest.model_validate(data)
     except ValidationError as exc:
