@@ -36,11 +36,12 @@ import collections
 import contextlib
 import enum
 import logging
-import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+from prorl_server.actions.quota import SERVICE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +454,7 @@ def parse_model_service(text: str) -> tuple[str, int]:
     """`NAME=MEMORY_MB` (`judge-a=450`) as its name and footprint; ValueError with the reason when it is not."""
     name, sep, memory = text.partition("=")
     name = name.strip()
-    if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or not memory.strip().isdigit():
+    if not sep or not SERVICE_NAME.fullmatch(name) or not memory.strip().isdigit():
         raise ValueError(f"a model service is NAME=MEMORY_MB (such as judge-a=450), got {text!r}")
     if int(memory) < 1:
         raise ValueError(f"model service {name!r}: its memory must be at least 1 MiB")
