@@ -24,7 +24,7 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prorl_server.actions.allocation import HORIZON, Duration, Pending, Running, plan
 from prorl_server.actions.elasticity import ElasticityModels
@@ -190,8 +190,14 @@ class ActionScheduler:
         """Wait for cores and memory for `demand` (first come, first served); ActionRefused if it can never fit."""
         low, high = self._check(demand)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(demand, Pending(low, high, demand.memory_mb, self._clock(), None), loop, loop.create_future())
         with self._lock:
+            kind = self._kind_name_locked(demand.kind)  # past MAX_KINDS: "other", for its duration model too
+            self._kind_locked(kind)  # known from now on: the kinds waiting at once stay within the bound too
+            if kind != demand.kind:
+                demand = replace(demand, kind=kind)
+            waiter = _Waiter(
+                demand, Pending(low, high, demand.memory_mb, self._clock(), None), loop, loop.create_future()
+            )
             self._waiting.append(waiter)
             self._dispatch_locked()
         try:
@@ -343,14 +349,15 @@ class ActionScheduler:
         self._busy_core_s += (self.cpus - self._free_cpu) * (now - self._ticked)
         self._ticked = now
 
+    def _kind_name_locked(self, kind: str) -> str:
+        """`kind`, or OTHER_KIND once MAX_KINDS others are known (handlers name kinds: the books stay bounded)."""
+        return kind if kind in self._kinds or len(self._kinds) < MAX_KINDS else OTHER_KIND
+
     def _kind_locked(self, kind: str) -> _KindTally:
+        kind = self._kind_name_locked(kind)
         tally = self._kinds.get(kind)
         if tally is None:
-            if len(self._kinds) >= MAX_KINDS:
-                kind = OTHER_KIND
-                tally = self._kinds.get(kind)
-            if tally is None:
-                tally = self._kinds[kind] = _KindTally()
+            tally = self._kinds[kind] = _KindTally()
         return tally
 
     def _duration(self, kind: str) -> Duration | None:
