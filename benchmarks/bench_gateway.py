@@ -25,7 +25,9 @@ Part 1 - overhead (backend: the scripted test double, `python -m prorl_server.te
     package (its own HTTP client), the others `openai` on one shared `httpx` client. The first turn of each
     conversation also pins the session (the double's `/v1/models` once per server) and tokenizes the whole
     prompt, as every later turn tokenizes only its new messages. One untimed conversation warms every way
-    up first (imports, connections). Each session must end as one segment with one call per turn.
+    up first (imports, connections). Each session must end as one segment with one call per turn. Then,
+    per API, the server process's CPU time per call (/proc, all its threads): `--overhead-chats`
+    conversations sent back to back through that API alone, less noisy than latency on a busy machine.
 Part 2 - token-exactness (backend: the dev engine, SmolLM2-135M, `prorl-server dev-llm --debug-sampled`)
     `--chats` conversations of `--turns` turns through gateway sessions (`--concurrency` at once; sampling at
     temperature 1 fixed by the trainer, `max_tokens` `--max-tokens`), a third of them each through Chat
@@ -46,7 +48,8 @@ JSON output (`--json PATH`)::
                    "apis": {"chat" | "responses" | "messages": {
                        "gateway_ms": {"p50", "p99"},
                        "added_p50_ms", "added_p99_ms" (gateway minus direct chat),
-                       "added_over_tito_p50_ms", "added_over_tito_p99_ms" (gateway minus direct tito)}},
+                       "added_over_tito_p50_ms", "added_over_tito_p99_ms" (gateway minus direct tito),
+                       "server_cpu_ms_per_call" (the server process's CPU per call, from /proc)}},
                    "gateway_ms", "added_p50_ms", "added_p99_ms", "added_over_tito_p50_ms",
                    "added_over_tito_p99_ms" (the same for Chat Completions, as earlier versions wrote them)},
       "exactness": {"chats", "turns", "model_tokens", "tokens_matching", "share_matching", "turns_unmatched",
@@ -128,25 +131,7 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
     try:
         for chat in range(-1, args.overhead_chats):  # chat -1 warms up (imports, connections): not counted
             sessions = {way: open_session(server, http) for way in API_WAYS}  # a recording per API
-            clients = {
-                "gateway_chat": openai.OpenAI(
-                    base_url=sessions["gateway_chat"]["base_url"],
-                    api_key=sessions["gateway_chat"]["api_key"],
-                    max_retries=0,
-                    http_client=http,
-                ),
-                "gateway_responses": openai.OpenAI(
-                    base_url=sessions["gateway_responses"]["base_url"],
-                    api_key=sessions["gateway_responses"]["api_key"],
-                    max_retries=0,
-                    http_client=http,
-                ),
-                "gateway_messages": anthropic.Anthropic(
-                    base_url=sessions["gateway_messages"]["base_url"].removesuffix("/v1"),
-                    api_key=sessions["gateway_messages"]["api_key"],
-                    max_retries=0,  # its own HTTP client: this SDK's is not httpx's
-                ),
-            }
+            clients = {way: api_client(way, sessions[way], http) for way in API_WAYS}
             messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[chat % len(QUESTIONS)]}]
             prompt_ids: list[int] = []
             new: list[dict[str, Any]] = list(messages)
@@ -168,6 +153,7 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
                 record = http.delete(f"{server}/sessions/{sessions[way]['session_id']}").raise_for_status().json()
                 if len(record["segments"]) != 1 or record["calls"] != args.overhead_turns:
                     raise RuntimeError(f"{way}: {len(record['segments'])} segments, {record['calls']} calls")
+        cpu = {way: server_cpu_per_call(server, stack.procs[-1].pid, http, way, args) for way in API_WAYS}
     finally:
         http.close()
     summary = {way: {"p50": percentile_ms(v, 50), "p99": percentile_ms(v, 99)} for way, v in times.items()}
@@ -181,6 +167,7 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
             "added_p99_ms": gw["p99"] - chat_["p99"],
             "added_over_tito_p50_ms": gw["p50"] - tito["p50"],
             "added_over_tito_p99_ms": gw["p99"] - tito["p99"],
+            "server_cpu_ms_per_call": cpu[way],
         }
     return {
         "calls": len(times["gateway_chat"]),
@@ -191,6 +178,42 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
         "gateway_ms": apis["chat"]["gateway_ms"],
         **{k: v for k, v in apis["chat"].items() if k.startswith("added")},
     }
+
+
+def server_cpu_per_call(server: str, pid: int, http: httpx.Client, way: str, args: argparse.Namespace) -> float:
+    """The server process's CPU milliseconds per call of API `way`: `--overhead-chats` conversations of
+    `--overhead-turns` turns sent back to back (sessions opened before and closed after the measurement)."""
+    sessions = [open_session(server, http) for _ in range(args.overhead_chats)]
+    clients = [api_client(way, session, http) for session in sessions]
+    api_call(way, clients[0], sessions[0]["model"], [{"role": "user", "content": "warm up"}])  # not counted
+    calls = 0
+    before = process_cpu_s(pid)
+    for chat, (session, client) in enumerate(zip(sessions[1:], clients[1:], strict=True)):
+        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[chat % len(QUESTIONS)]}]
+        for turn in range(args.overhead_turns):
+            api_call(way, client, session["model"], messages)
+            calls += 1
+            messages += [{"role": "assistant", "content": REPLY}]
+            messages += [{"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
+    used = process_cpu_s(pid) - before
+    for session in sessions:
+        http.delete(f"{server}/sessions/{session['session_id']}").raise_for_status()
+    return 1000 * used / max(calls, 1)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def api_client(way: str, session: dict[str, Any], http: httpx.Client) -> Any:
+    """The official client of API `way` on `session`."""
+    if way == "gateway_messages":  # its own HTTP client: this SDK's is not httpx's
+        return anthropic.Anthropic(
+            base_url=session["base_url"].removesuffix("/v1"), api_key=session["api_key"], max_retries=0
+        )
+    return openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, http_client=http)
 
 
 def api_call(way: str, client: Any, model: str, messages: list[dict[str, Any]]) -> str:
@@ -395,7 +418,7 @@ def print_report(report: dict[str, Any]) -> None:
     if "overhead" in report:
         o = report["overhead"]
         print(f"\nOverhead (scripted double, {o['calls']} calls per way, one at a time)")
-        print(f"  {'way':<48} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10}")
+        print(f"  {'way':<48} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'server CPU':>11}")
         rows = [
             ("direct: the double's /v1/chat/completions", o["direct_chat_ms"], None),
             ("direct: /tokenize + /v1/completions (ids)", o["direct_tito_ms"], None),
@@ -404,7 +427,10 @@ def print_report(report: dict[str, Any]) -> None:
             (f"gateway session, {API_LABELS['gateway_' + api]}", a["gateway_ms"], a) for api, a in o["apis"].items()
         ]
         for label, ms, added in rows:
-            extra = f" {added['added_p50_ms']:>10.2f} {added['added_p99_ms']:>10.2f}" if added else ""
+            extra = ""
+            if added:
+                extra = f" {added['added_p50_ms']:>10.2f} {added['added_p99_ms']:>10.2f}"
+                extra += f" {added['server_cpu_ms_per_call']:>8.2f} ms"
             print(f"  {label:<48} {ms['p50']:>8.2f} {ms['p99']:>8.2f}{extra}")
     if "exactness" in report:
         e = report["exactness"]
