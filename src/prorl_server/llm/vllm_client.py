@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from pydantic_core import to_json
 
 from prorl_server.llm import response_limits as limits
 from prorl_server.llm.errors import (
@@ -217,7 +218,16 @@ class VLLMClient:
 
 
 def _json(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact JSON of a request body; a non-finite float is refused (ValueError), as JSON has none.
+
+    A `prompt` of token ids (the whole context of a completion: thousands of ints every turn) is encoded by
+    pydantic-core, several times faster than `json.dumps`, and spliced in as the last field."""
+    ids = payload.get("prompt")
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids[:1]):
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    rest = {k: v for k, v in payload.items() if k != "prompt"}
+    head = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return head[:-1] + (b',"prompt":' if rest else b'"prompt":') + to_json(ids, inf_nan_mode="null") + b"}"
 
 
 async def _read(response: httpx.Response, limit: int, *, truncate: bool = False) -> bytes | bytearray:
