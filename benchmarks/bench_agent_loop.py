@@ -3,7 +3,7 @@
 Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_agent_loop.py [--json out.json] [--trajectories 256] [--turns 6]
-        [--tokens 32] [--tool-s 2.0] [--observation-chars 1000] [--time-scale 20] [--rounds 2] [--seed 0]
+        [--tokens 32] [--tool-s 2.0] [--observation-chars 200] [--time-scale 20] [--rounds 2] [--seed 0]
         [--arms baseline,server]
 
 About 2 minutes on 2 cores with the defaults. Every server is a child process (LocalStack, stopped by PID;
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=positive_int, default=6, help="turns per trajectory")
     parser.add_argument("--tokens", type=positive_int, default=32, help="output tokens per turn")
     parser.add_argument("--tool-s", type=float, default=2.0, help="median tool time per turn, wall seconds")
-    parser.add_argument("--observation-chars", type=positive_int, default=1000, help="median observation length")
+    parser.add_argument("--observation-chars", type=positive_int, default=200, help="median observation length")
     parser.add_argument("--time-scale", type=float, default=20.0, help="the simulator's simulated s per wall s")
     parser.add_argument("--rounds", type=positive_int, default=2, help="runs of each arm (ABBA order)")
     parser.add_argument("--seed", type=int, default=0)
