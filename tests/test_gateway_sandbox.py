@@ -2,8 +2,8 @@
 the real bubblewrap and Apptainer runtimes, against the scripted double: a command in the sandbox completes a
 chat through `OPENAI_BASE_URL`, and reaches nothing else (not another session, not the server's other paths,
 not the backend, not with a body over the gateway's limit). On the host, the bridge's Anthropic path: the
-official `anthropic` client's messages (plain and streamed; a beta client's `?beta=true`) with the session's key whatever key it sends,
-and the bridge's own errors there in Anthropic's shape."""
+official `anthropic` client's messages (plain and streamed; a beta client's `?beta=true`) with the session's
+key whatever key it sends, and the bridge's own errors there in Anthropic's shape."""
 
 from __future__ import annotations
 
@@ -306,7 +306,7 @@ async def test_the_bridge_passes_anthropic_messages_plain_beta_and_streamed_in_o
             first = await client.messages.create(model=mine["model"], max_tokens=16, messages=history)
             history += [{"role": "assistant", "content": [b.model_dump() for b in first.content]}]
             history += [{"role": "user", "content": "u2"}]
-            # as Anthropic's beta clients send it (the TypeScript SDK's, which Claude Code uses)
+            # as the beta client of Anthropic's TypeScript SDK (Claude Code's) sends it
             async with httpx.AsyncClient(base_url=base_url) as raw:
                 second = await raw.post(
                     "/v1/messages?beta=true",

@@ -6,10 +6,10 @@ client `http://127.0.0.1:<port>`. The bridge is the trusted end and decides ever
 sends is untrusted:
 
 - only the ROUTES pass: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (also with
-  the query `?beta=true`, which Anthropic's beta client adds; the gateway answers it as the plain path) and
-  `GET /v1/models`, with no other query string; anything else is a 404. Each goes to the session's own base
-  URL: the session is fixed by the socket, never by the path, so no other session, no trainer endpoint and
-  no backend can be named from inside;
+  the query `?beta=true`, which the beta client of Anthropic's TypeScript SDK, Claude Code's, adds; forwarded
+  as the plain path) and `GET /v1/models`, with no other query string; anything else is a 404. Each goes to
+  the session's own base URL: the session is fixed by the socket, never by the path, so no other session,
+  no trainer endpoint and no backend can be named from inside;
 - the errors the bridge gives itself are in Anthropic's shape (`{"type": "error", "error": {...}}`) for a
   path under `/v1/messages`, else in OpenAI's, so that either SDK raises the matching exception;
 - the bridge sends the session's key itself (`Authorization`), whatever the sandbox sends (`Authorization`,
@@ -68,8 +68,8 @@ class _Refused(Exception):
 
 
 class SessionBridge:
-    """Serves one session's OpenAI and Anthropic paths on a Unix socket, forwarding them to `upstream` (the session's base
-    URL, ending in `/v1`) with its `api_key`. Open with `await SessionBridge.open(...)`."""
+    """Serves one session's OpenAI and Anthropic paths on a Unix socket, forwarding them to `upstream` (the
+    session's base URL, ending in `/v1`) with its `api_key`. Open with `await SessionBridge.open(...)`."""
 
     def __init__(self, upstream: str, api_key: str, max_body_bytes: int, directory: Path) -> None:
         self.upstream = upstream.rstrip("/")
