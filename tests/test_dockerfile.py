@@ -66,11 +66,12 @@ def test_instructions_keep_their_first_line_and_join_continuations(tmp_path: Pat
     path = dockerfile(
         tmp_path,
         "# syntax=docker/dockerfile:1\nFROM debian:bookworm\n\n# a comment\nrun apt-get update && \\\n"
-        "    # a comment inside\n    apt-get install -y jq\nENV A=1\n",
+        "    # a comment inside\n\n    apt-get install -y jq\nENV\tA=1\nRUN echo a\\\nb\n",
     )
     instructions = read_instructions(path)
-    assert [(i.line, i.keyword) for i in instructions] == [(2, "FROM"), (5, "RUN"), (8, "ENV")]
-    assert instructions[1].value == "apt-get update &&      apt-get install -y jq"
+    assert [(i.line, i.keyword) for i in instructions] == [(2, "FROM"), (5, "RUN"), (9, "ENV"), (10, "RUN")]
+    assert instructions[1].value == "apt-get update &&     apt-get install -y jq"
+    assert (instructions[2].value, instructions[3].value) == ("A=1", "echo ab")
 
 
 # --- each instruction --------------------------------------------------------------------------------------
@@ -211,6 +212,7 @@ def test_the_template_puts_it_together(tmp_path: Path):
         ("ARG A=1 B=2\n", 2, "one ARG per instruction"),
         ("COPY missing.txt /x\n", 2, "missing.txt not found in the build context"),
         ("COPY ../outside /x\n", 2, "outside the build context"),
+        ("COPY /a.txt /nothing.txt /x/\n", 2, "nothing.txt not found in the build context"),
         ("COPY *.txt /x/\n", 2, "wildcards"),
         ('COPY ["a b", "/x"]\n', 2, "JSON form"),
         ("COPY a.txt a.txt /x\n", 2, "must end with /"),

@@ -126,7 +126,7 @@ def read_instructions(path: Path) -> list[Instruction]:
                 raise DockerfileError(f"{path}:{number}: only the default escape character \\ is supported")
             continue
         directives = False
-        if stripped.startswith("#") or (not stripped and not pending):
+        if stripped.startswith("#") or not stripped:  # also inside a continuation, as Docker does
             continue
         if not pending:
             start = number
@@ -134,19 +134,19 @@ def read_instructions(path: Path) -> list[Instruction]:
             pending.append(raw.rstrip()[:-1])
             continue
         pending.append(raw)
-        instructions.append(_instruction(path, start, " ".join(pending)))
+        instructions.append(_instruction(path, start, "".join(pending)))
         pending = []
     if pending:
-        instructions.append(_instruction(path, start, " ".join(pending)))
+        instructions.append(_instruction(path, start, "".join(pending)))
     return instructions
 
 
 def _instruction(path: Path, line: int, text: str) -> Instruction:
     """An instruction from its joined text."""
-    keyword, _, value = text.strip().partition(" ")
-    if not value.strip():
+    keyword, *value = text.split(maxsplit=1)
+    if not value:
         raise DockerfileError(f"{path}:{line}: {keyword.upper()} needs arguments")
-    return Instruction(line, keyword.upper(), value.strip())
+    return Instruction(line, keyword.upper(), value[0].strip())
 
 
 @contextmanager
@@ -436,7 +436,7 @@ class _Converter:
         """A COPY source as a path inside the build context (checked to exist and not to leave it)."""
         if GLOB.search(source):
             raise self.error(instruction, f"{source}: wildcards in sources are not supported")
-        path = (self.context / source).resolve()
+        path = (self.context / source.lstrip("/")).resolve()  # as Docker: an absolute source is in the context
         if not path.is_relative_to(self.context):
             raise self.error(instruction, f"{source} is outside the build context {self.context}")
         if not path.exists():
