@@ -317,18 +317,18 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("dockerfile-cache")
 
 
-async def test_the_example_dockerfile_builds_runs_in_a_sandbox_and_is_cached(base: Path, build_cache: Path):
-    cache = build_cache
-    builder = ImageBuilder(cache_dir=cache)
+async def test_the_example_dockerfile_builds_runs_in_a_sandbox_and_is_cached(base: Path, build_cache: Path, capsys):
+    builder = ImageBuilder(cache_dir=build_cache)
     conversion = convert(EXAMPLE, base_map={"debian:bookworm": base}, build_args={"GREETING": "hi"})
     image = build_dockerfile(builder, conversion)
-    assert not image.cached and image.path.is_file() and not list((cache / "tmp").iterdir())
-    again = build_dockerfile(
-        builder, convert(EXAMPLE, base_map={"debian:bookworm": base}, build_args={"GREETING": "hi"})
-    )
-    assert again.cached and again.path == image.path
+    assert not image.cached and image.path.is_file() and not list((build_cache / "tmp").iterdir())
+    argv = ["build-image", "--dockerfile", str(EXAMPLE), "--cache-dir", str(build_cache), "--build-arg", "GREETING=hi"]
+    cli.main([*argv, "--base-map", f"debian:bookworm={base}"])
+    printed = capsys.readouterr().out.splitlines()
+    path, how = printed[0].split("  (")
+    assert path == str(image.path) and how.startswith("reused in") and printed[1] == "workdir /srv/task"
 
-    runtime = ApptainerRuntime(new_owner_id(), host_tools=False, cache_dir=cache)
+    runtime = ApptainerRuntime(new_owner_id(), host_tools=False, cache_dir=build_cache)
     sandbox = await runtime.start(SandboxSpec(image=str(image.path), workdir=conversion.workdir))
     try:
         observation = await sandbox.bash('pwd; cat built.txt; echo "$TASK_MODE"; head -1 task.md; ls -d logs')
