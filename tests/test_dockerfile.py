@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -180,7 +181,10 @@ def test_the_template_puts_it_together(tmp_path: Path):
         str(TEMPLATE), **conversion.variables(), base="/b.sif", context="/ctx"
     )
     assert text.startswith("Bootstrap: localimage\nFrom: /b.sif\n")
-    assert "    /ctx/copy /opt/prorl/build\n" in text and "    /ctx/prorl_server /opt/prorl/lib/prorl_server\n" in text
+    assert (
+        '    cp -a /ctx/copy "$APPTAINER_ROOTFS/opt/prorl/build"\n' in text
+        and "    /ctx/prorl_server /opt/prorl/lib/prorl_server\n" in text
+    )
     post = text[text.index("%post") : text.index("%environment")]
     assert (
         post.index("export A=1")
@@ -355,3 +359,20 @@ def test_a_failing_build_names_the_log_and_leaves_nothing_in_the_cache(base: Pat
     assert (
         not target.exists() and not target.with_suffix(".json").exists() and not list((build_cache / "tmp").iterdir())
     )
+
+
+def test_links_in_a_copied_directory_stay_links(base: Path, build_cache: Path, tmp_path: Path):
+    """As Docker keeps them; apptainer's %files would copy what they point to, even a host file outside the context."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "target.txt").write_text("t\n")
+    (tmp_path / "data" / "relative").symlink_to("target.txt")
+    (tmp_path / "data" / "absolute").symlink_to("/etc/hostname")
+    path = dockerfile(tmp_path, "FROM debian:bookworm\nCOPY data /data\n")
+    image = build_dockerfile(ImageBuilder(cache_dir=build_cache), convert(path, base_map={"debian:bookworm": base}))
+    shown = subprocess.run(
+        [str(find_apptainer()), "exec", str(image.path), "readlink", "/data/relative", "/data/absolute"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.split() == ["target.txt", "/etc/hostname"]
