@@ -69,7 +69,7 @@ def test_instructions_keep_their_first_line_and_join_continuations(tmp_path: Pat
         "# syntax=docker/dockerfile:1\nFROM debian:bookworm\n\n# a comment\nrun apt-get update && \\\n"
         "    # a comment inside\n\n    apt-get install -y jq\nENV\tA=1\nRUN echo a\\\nb\n",
     )
-    instructions = read_instructions(path)
+    instructions = read_instructions(path, path.read_text())
     assert [(i.line, i.keyword) for i in instructions] == [(2, "FROM"), (5, "RUN"), (9, "ENV"), (10, "RUN")]
     assert instructions[1].value == "apt-get update &&     apt-get install -y jq"
     assert (instructions[2].value, instructions[3].value) == ("A=1", "echo ab")
@@ -243,6 +243,9 @@ def test_add_of_a_tar_archive_is_refused_since_docker_would_unpack_it(tmp_path: 
 
 def test_bad_files_and_contexts_are_explained(tmp_path: Path):
     with pytest.raises(DockerfileError, match="does not exist"):
+        convert(tmp_path / "Dockerfile")
+    (tmp_path / "Dockerfile").write_bytes(b"FROM \xff\n")
+    with pytest.raises(DockerfileError, match="cannot read Dockerfile"):
         convert(tmp_path / "Dockerfile")
     with pytest.raises(DockerfileError, match=":1: RUN: comes before FROM"):
         convert(dockerfile(tmp_path, "RUN true\nFROM debian:bookworm\n"))

@@ -77,6 +77,7 @@ class Conversion:
     """A converted Dockerfile: what the template needs, the base it builds on, and what it recorded."""
 
     dockerfile: Path
+    dockerfile_sha256: str  # of the bytes converted
     image: str  # FROM's image name, ARGs substituted
     base: Path | None  # a local .sif or root directory FROM maps to
     docker: str | None  # else a registry image to pull
@@ -105,16 +106,13 @@ class Conversion:
             "environment": self.environment,
             "labels": [*self.labels, *recorded],
             "copies": bool(self.stage),
-            "dockerfile_sha256": hashlib.sha256(self.dockerfile.read_bytes()).hexdigest(),
+            "dockerfile_sha256": self.dockerfile_sha256,
         }
 
 
-def read_instructions(path: Path) -> list[Instruction]:
-    """The instructions of a Dockerfile: comments and blank lines dropped, `\\` continuations joined."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DockerfileError(f"cannot read Dockerfile {path}: {exc}") from exc
+def read_instructions(path: Path, text: str) -> list[Instruction]:
+    """The instructions of a Dockerfile's `text`: comments and blank lines dropped, `\\` continuations joined."""
+    lines = text.splitlines()
     instructions: list[Instruction] = []
     pending: list[str] = []
     start = 0
@@ -191,8 +189,8 @@ def parse_mapping(items: list[str], what: str) -> dict[str, str]:
 class _Converter:
     """The conversion's state while it walks the instructions."""
 
-    def __init__(self, dockerfile: Path, context: Path, build_args: Mapping[str, str]) -> None:
-        self.dockerfile, self.context, self.build_args = dockerfile, context.resolve(), build_args
+    def __init__(self, dockerfile: Path, sha256: str, context: Path, build_args: Mapping[str, str]) -> None:
+        self.dockerfile, self.sha256, self.context, self.build_args = dockerfile, sha256, context.resolve(), build_args
         self.parser = DockerParser(None, load=False)
         self.global_args: dict[str, str | None] = {}  # ARGs before FROM: for FROM only (and ARG NAME after)
         self.args: dict[str, str | None] = {}
@@ -312,7 +310,8 @@ class _Converter:
             raise self.error(instruction, f"{words[0]} is empty: give it with --build-arg or an ARG default")
         mapped = {_normalized(name): path for name, path in base_map.items()}.get(_normalized(image))
         suite = None if mapped else debian_suite(image)
-        self.result = Conversion(self.dockerfile, image, mapped, None if mapped or suite else image, suite)
+        docker = None if mapped or suite else image
+        self.result = Conversion(self.dockerfile, self.sha256, image, mapped, docker, suite)
 
     def _arg(self, instruction: Instruction, added: dict[str, Any]) -> None:
         words = self.words(instruction)
@@ -502,8 +501,13 @@ def convert(
     for name, path in (base_map or {}).items():
         if not path.exists():
             raise DockerfileError(f"the base image {path} that {name} maps to does not exist")
-    converter = _Converter(dockerfile, context, build_args or {})
-    return converter.convert(read_instructions(dockerfile), base_map or {})
+    try:
+        data = dockerfile.read_bytes()
+        text = data.decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DockerfileError(f"cannot read Dockerfile {dockerfile}: {exc}") from exc
+    converter = _Converter(dockerfile, hashlib.sha256(data).hexdigest(), context, build_args or {})
+    return converter.convert(read_instructions(dockerfile, text), base_map or {})
 
 
 def build_dockerfile(
