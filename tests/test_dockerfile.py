@@ -203,6 +203,8 @@ def test_the_template_puts_it_together(tmp_path: Path):
     ("text", "line", "match"),
     [
         ("FROM debian:bookworm AS build\nRUN true\nFROM debian:bookworm\n", 3, "multi-stage"),
+        ("FROM scratch\n", 1, "scratch is empty"),
+        ("ARG BASE\nFROM $BASE\n", 2, r"\$BASE is empty: give it with --build-arg"),
         ("RUN true\nCOPY --from=build /a /b\n", 3, "--from=build: multi-stage"),
         ("COPY --chown=1:1 a /b\n", 2, "--chown=1:1: not supported"),
         ("ADD https://example.org/x.tgz /x\n", 2, "ADD of a URL"),

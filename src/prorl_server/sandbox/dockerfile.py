@@ -304,10 +304,12 @@ class _Converter:
         self.args = dict(self.global_args)  # FROM sees the ARGs before it
         image = self.expand(instruction, words[0])
         self.args = {}
-        if added.get("fromHeader", "").strip() != image:
-            raise self.error(instruction, f"spython read the image as {added.get('fromHeader')!r}, not {image!r}")
         if not image:
             raise self.error(instruction, f"{words[0]} is empty: give it with --build-arg or an ARG default")
+        if added.get("fromHeader", "").strip() != image:
+            raise self.error(instruction, f"spython read the image as {added.get('fromHeader')!r}, not {image!r}")
+        if image == "scratch":
+            raise self.error(instruction, "scratch is empty: the execution server needs a base with python3")
         mapped = {_normalized(name): path for name, path in base_map.items()}.get(_normalized(image))
         suite = None if mapped else debian_suite(image)
         docker = None if mapped or suite else image
