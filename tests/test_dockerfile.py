@@ -154,6 +154,13 @@ def test_copy_stages_the_sources_and_copies_in_order_as_docker_does(tmp_path: Pa
     assert conversion.variables()["copies"] is True
 
 
+def test_wildcards_in_sources_match_as_docker_does(tmp_path: Path):
+    files = {"a.txt": "a", ".hidden.txt": "h", "b.log": "b", "sub/c.txt": "c"}
+    conversion = converted(tmp_path, "COPY *.txt su? /x/\n", **files)
+    assert list(conversion.stage) == ["copy/0/.hidden.txt", "copy/1/a.txt", "copy/2/sub"]
+    assert conversion.steps[-1].startswith("mkdir -p /x/ && cp -R")
+
+
 def test_labels_user_cmd_and_entrypoint_are_recorded(tmp_path: Path):
     conversion = converted(
         tmp_path,
@@ -219,7 +226,8 @@ def test_the_template_puts_it_together(tmp_path: Path):
         ("COPY missing.txt /x\n", 2, "missing.txt not found in the build context"),
         ("COPY ../outside /x\n", 2, "outside the build context"),
         ("COPY /a.txt /nothing.txt /x/\n", 2, "nothing.txt not found in the build context"),
-        ("COPY *.txt /x/\n", 2, "wildcards"),
+        ("COPY *.md /x/\n", 2, r"\*\.md matches nothing in the build context"),
+        ("COPY * /x\n", 2, "must end with /"),
         ('COPY ["a b", "/x"]\n', 2, "JSON form"),
         ("COPY a.txt a.txt /x\n", 2, "must end with /"),
         ("ENV A=$(whoami)\n", 2, "command substitution"),

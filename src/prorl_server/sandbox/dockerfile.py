@@ -20,6 +20,7 @@ the Dockerfile's bytes and the content of every file COPY and ADD read.
 from __future__ import annotations
 
 import copy
+import glob
 import hashlib
 import json
 import re
@@ -415,13 +416,15 @@ class _Converter:
     def _copy_files(self, instruction: Instruction, sources: list[str], dest: str) -> None:
         """Stage each source and add the %post lines that put it at `dest` as Docker's COPY would."""
         dest = self.expand(instruction, dest)
-        if len(sources) > 1 and not dest.endswith("/"):
+        paths = [path for source in sources for path in self.paths(instruction, self.expand(instruction, source))]
+        if len(paths) > 1 and not dest.endswith("/"):
             raise self.error(instruction, f"with several sources the destination must end with /, not {dest!r}")
         target = str(Path(self.image.workdir, dest)) + ("/" if dest.endswith("/") else "")
-        for source in sources:
-            path = self.source(instruction, self.expand(instruction, source))
+        for path in paths:
             if instruction.keyword == "ADD" and path.is_file() and tarfile.is_tarfile(path):
-                raise self.error(instruction, f"{source} is a tar archive, which ADD unpacks; use COPY and RUN tar -x")
+                raise self.error(
+                    instruction, f"{path.name} is a tar archive, which ADD unpacks; use COPY and RUN tar -x"
+                )
             name = f"copy/{len(self.image.stage)}/{path.name}"
             self.image.stage[name] = path
             staged = shlex.quote(f"{BUILD_DIR}/{name.removeprefix('copy/')}")
@@ -433,16 +436,25 @@ class _Converter:
                 copy_file = f"cp --preserve=mode,timestamps {staged} {shlex.quote(target)}"
                 self.image.steps.append(f"mkdir -p {parent} && {copy_file}")
 
-    def source(self, instruction: Instruction, source: str) -> Path:
-        """A COPY source as a path inside the build context (checked to exist and not to leave it)."""
-        if GLOB.search(source):
-            raise self.error(instruction, f"{source}: wildcards in sources are not supported")
-        path = (self.context / source.lstrip("/")).resolve()  # as Docker: an absolute source is in the context
-        if not path.is_relative_to(self.context):
-            raise self.error(instruction, f"{source} is outside the build context {self.context}")
-        if not path.exists():
-            raise self.error(instruction, f"{source} not found in the build context {self.context}")
-        return path
+    def paths(self, instruction: Instruction, source: str) -> list[Path]:
+        """A COPY source's paths in the build context (checked to exist and not to leave it): itself, or what its
+        wildcards match (hidden files too, as Docker's do)."""
+        relative = source.lstrip("/")  # as Docker: an absolute source is in the context
+        if GLOB.search(relative):
+            names = sorted(glob.glob(relative, root_dir=self.context, include_hidden=True))
+            if not names:
+                raise self.error(instruction, f"{source} matches nothing in the build context {self.context}")
+        else:
+            names = [relative]
+        paths = []
+        for name in names:
+            path = (self.context / name).resolve()
+            if not path.is_relative_to(self.context):
+                raise self.error(instruction, f"{source} is outside the build context {self.context}")
+            if not path.exists():
+                raise self.error(instruction, f"{source} not found in the build context {self.context}")
+            paths.append(path)
+        return paths
 
     def _label(self, instruction: Instruction, added: dict[str, Any]) -> None:
         if added.get("labels") != [[instruction.value]]:
