@@ -4,11 +4,12 @@
 spython's `DockerParser` and compares what each added to spython's recipe with the instruction itself: an
 instruction spython drops, mangles or crashes on, and one Apptainer cannot honour (multi-stage builds,
 `COPY --from`, `ADD <url>`, `ADD` of a tar archive, `SHELL`, `ONBUILD`, heredocs, BuildKit flags, a `RUN`
-after `USER` someone else), is a `DockerfileError` naming the file and line. spython's own Singularity writer
-is not used: it puts every COPY before every RUN, leaves ENV unexported during the build and turns USER into
-`su -`; the definition is written by the `dockerfile.def.j2` template beside this module instead, with the
-steps in the Dockerfile's order (each RUN its own `/bin/sh -c`, in the WORKDIR of that point, with the ENV
-and ARG values of that point exported).
+after `USER` someone else), is a `DockerfileError` naming the file and line (one slip is allowed for:
+spython keeps MAINTAINER's keyword in its label). spython's own Singularity writer is not used: it puts
+every COPY before every RUN, leaves ENV unexported during the build and turns USER into `su -`; the
+definition is written by the `dockerfile.def.j2` template beside this module instead, with the steps in the
+Dockerfile's order (each RUN its own `/bin/sh -c`, in the WORKDIR of that point, with the ENV and ARG values
+of that point exported).
 
 `FROM` maps to a base buildable here: an image the caller maps to a local .sif or root directory
 (`base_map`), else `debian:<suite>` (also `-slim`, or the version number) to a debootstrap of that suite from
