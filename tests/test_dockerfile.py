@@ -132,7 +132,10 @@ def test_workdir_is_made_entered_and_recorded(tmp_path: Path):
 
 
 def test_copy_stages_the_sources_and_copies_in_order_as_docker_does(tmp_path: Path):
-    text = "WORKDIR /app\nRUN mkdir -p conf\nCOPY a.txt ./\nCOPY data /srv/data\nCOPY a.txt conf/renamed\nADD b.txt c.txt.gz /x/\n"
+    text = (
+        "WORKDIR /app\nRUN mkdir -p conf\nCOPY a.txt ./\nCOPY data /srv/data\nCOPY a.txt conf/renamed\n"
+        "ADD b.txt c.txt.gz /x/\n"
+    )
     with pytest.raises(DockerfileError, match="only the first source"):
         converted(tmp_path, text, **{"a.txt": "a", "data/d.txt": "d", "b.txt": "b", "c.txt.gz": "c"})
     conversion = converted(

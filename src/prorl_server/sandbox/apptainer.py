@@ -134,8 +134,9 @@ class ApptainerRuntime(ProcessRuntime):
 
     `binary`: the apptainer (or singularity) executable (default: `find_apptainer()`). `host_tools`: bind
     this host's execution server into the container (False: the image must have it, as the images of
-    `prorl-server build-image` do). `unpack_sif`: run .sif images from a directory unpacked once under `cache_dir` (see the module docstring).
-    `run_as`: the uid and gid sandboxes run as when this process is root (default: `process.SANDBOX_UID`).
+    `prorl-server build-image` do). `unpack_sif`: run .sif images from a directory unpacked once under
+    `cache_dir` (see the module docstring). `run_as`: the uid and gid sandboxes run as when this process is
+    root (default: `process.SANDBOX_UID`).
     """
 
     name = "apptainer"
