@@ -308,8 +308,8 @@ def test_cli_explains_a_dockerfile_build_and_refuses_template_flags(tmp_path: Pa
         shown["inputs"]["variables"]["steps"] == ["export A=1"] and shown["inputs"]["variables"]["suite"] == "bookworm"
     )
     assert "EXPOSE ignored" in captured.err
-    with pytest.raises(SystemExit, match="--lockfile: for templates"):
-        cli.main([*argv, "--lockfile", str(path)])
+    with pytest.raises(SystemExit, match="a template, --lockfile: for templates only"):
+        cli.main([*argv, "python", "--lockfile", str(path)])
     with pytest.raises(SystemExit, match="--build-arg 'A' is not NAME=VALUE"):
         cli.main([*argv[:-1], "A", "--explain"])
     path.write_text("FROM debian:bookworm\nONBUILD RUN true\n")

@@ -164,11 +164,11 @@ def build_from_dockerfile(args: argparse.Namespace, builder: ImageBuilder) -> No
     from prorl_server.sandbox.dockerfile import build_dockerfile, convert, explain_dockerfile, parse_mapping
     from prorl_server.sandbox.images import ImageBuildError
 
-    template_only = {"template": args.template, "--base": args.base, "--lockfile": args.lockfile}
+    template_only = {"a template": args.template, "--base": args.base, "--lockfile": args.lockfile}
     template_only |= {"--package": args.package, "--no-ipython": args.no_ipython}
     given = [name for name, value in template_only.items() if value]
     if given:
-        raise ImageBuildError(f"{', '.join(given)}: for templates, not with --dockerfile (its FROM is the base)")
+        raise ImageBuildError(f"{', '.join(given)}: for templates only; with --dockerfile its FROM is the base")
     base_map = {name: Path(path) for name, path in parse_mapping(args.base_map, "--base-map").items()}
     conversion = convert(args.dockerfile, args.context, parse_mapping(args.build_arg, "--build-arg"), base_map)
     for note in conversion.notes:
