@@ -35,6 +35,11 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "images" / "example" / "Docke
 BASES = (Path("/tmp/apptainer-test/imgroot"), Path("/tmp/apptainer-test/images/py.sif"))
 
 
+def step(line: int, keyword: str) -> str:
+    """The marker line before an instruction's steps, which names it in a failed build's log."""
+    return f"echo '#prorl-step {line} {keyword}'"
+
+
 def dockerfile(directory: Path, text: str, **files: str) -> Path:
     """A Dockerfile with `text` in `directory`, and context files (name -> content) beside it."""
     for name, content in files.items():
@@ -102,7 +107,12 @@ def test_arg_before_from_names_the_base_and_build_args_override_it(tmp_path: Pat
 
 def test_run_is_its_own_shell_in_order_and_the_exec_form_runs_without_one(tmp_path: Path):
     conversion = converted(tmp_path, 'RUN cd /tmp && echo \'a b\' > x\nRUN ["touch", "/my file"]\n')
-    assert conversion.steps == ["/bin/sh -c 'cd /tmp && echo '\"'\"'a b'\"'\"' > x'", "touch '/my file'"]
+    assert conversion.steps == [
+        step(2, "RUN"),
+        "/bin/sh -c 'cd /tmp && echo '\"'\"'a b'\"'\"' > x'",
+        step(3, "RUN"),
+        "touch '/my file'",
+    ]
 
 
 def test_env_is_exported_for_later_steps_and_at_run_time(tmp_path: Path):
@@ -123,8 +133,11 @@ def test_arg_defaults_build_args_and_unset_args(tmp_path: Path):
 def test_workdir_is_made_entered_and_recorded(tmp_path: Path):
     conversion = converted(tmp_path, "ENV HOME_DIR=/srv\nWORKDIR $HOME_DIR/app\nWORKDIR sub\nRUN pwd\n")
     assert conversion.steps[1:] == [
+        step(3, "WORKDIR"),
         "mkdir -p /srv/app && cd /srv/app",
+        step(4, "WORKDIR"),
         "mkdir -p /srv/app/sub && cd /srv/app/sub",
+        step(5, "RUN"),
         "/bin/sh -c pwd",
     ]
     assert conversion.workdir == "/srv/app/sub"
@@ -148,10 +161,14 @@ def test_copy_stages_the_sources_and_copies_in_order_as_docker_does(tmp_path: Pa
         "copy/3/b.txt": tmp_path / "b.txt",
     }
     preserve = "--preserve=mode,timestamps"
-    assert conversion.steps[2:] == [
+    assert conversion.steps[4:] == [
+        step(4, "COPY"),
         f"mkdir -p /app/ && cp {preserve} {BUILD_DIR}/0/a.txt /app/",
+        step(5, "COPY"),
         f"mkdir -p /srv/data && cp -R {preserve} {BUILD_DIR}/1/data/. /srv/data",
+        step(6, "COPY"),
         f"mkdir -p /app/conf && cp {preserve} {BUILD_DIR}/2/a.txt /app/conf/renamed",
+        step(7, "ADD"),
         f"mkdir -p /x/ && cp {preserve} {BUILD_DIR}/3/b.txt /x/",
     ]
     assert conversion.variables()["copies"] is True
@@ -182,7 +199,7 @@ def test_expose_volume_healthcheck_and_stopsignal_are_ignored_with_a_note(tmp_pa
         f"{keyword} ignored" for keyword in ("EXPOSE", "VOLUME", "HEALTHCHECK", "STOPSIGNAL")
     ]
     assert conversion.notes[0].startswith(f"{tmp_path / 'Dockerfile'}:2: ")
-    assert conversion.steps == ["/bin/sh -c true"]
+    assert conversion.steps == [step(6, "RUN"), "/bin/sh -c true"]
 
 
 def test_the_template_puts_it_together(tmp_path: Path):
@@ -298,6 +315,28 @@ def test_the_key_follows_the_dockerfile_and_the_files_copy_reads(tmp_path: Path)
         build_dockerfile(builder, convert(path), "lock")
 
 
+class FailingBuilder:
+    """A builder whose build fails with `log` as the build's output."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def build(self, *args, **kwargs):
+        raise ImageBuildError("apptainer build failed with exit status 255", self.log)
+
+
+def test_a_failed_build_names_the_last_step_it_began(tmp_path: Path):
+    conversion = converted(tmp_path, "WORKDIR /app\nRUN make\n")
+    log = tmp_path / "build.log"
+    log.write_text(f"+ {step(2, 'WORKDIR')}\n#prorl-step 2 WORKDIR\n#prorl-step 3 RUN\nmake: no rule\n")
+    with pytest.raises(DockerfileError, match=f"^{tmp_path / 'Dockerfile'}:3: RUN failed the build: apptainer"):
+        build_dockerfile(FailingBuilder(log), conversion)  # type: ignore[arg-type]
+    log.write_text(log.read_text() + "#prorl-step end\nthe image has no python3\n")
+    with pytest.raises(ImageBuildError, match=r"^apptainer build failed") as failure:
+        build_dockerfile(FailingBuilder(log), conversion)  # type: ignore[arg-type]
+    assert not isinstance(failure.value, DockerfileError)
+
+
 def test_cli_explains_a_dockerfile_build_and_refuses_template_flags(tmp_path: Path, capsys):
     path = dockerfile(tmp_path, "FROM debian:bookworm\nARG A\nEXPOSE 80\n")
     argv = ["build-image", "--dockerfile", str(path), "--cache-dir", str(tmp_path), "--build-arg", "A=1"]
@@ -366,12 +405,12 @@ async def test_the_example_dockerfile_builds_runs_in_a_sandbox_and_is_cached(bas
 
 def test_a_failing_build_names_the_log_and_leaves_nothing_in_the_cache(base: Path, build_cache: Path, tmp_path: Path):
     builder = ImageBuilder(cache_dir=build_cache)
-    path = dockerfile(tmp_path, "FROM debian:bookworm\nRUN echo breaking; exit 3\n")
+    path = dockerfile(tmp_path, "FROM debian:bookworm\nRUN echo breaking\nRUN echo broken; exit 3\nRUN true\n")
     conversion = convert(path, base_map={"debian:bookworm": base})
     target = build_cache / f"dockerfile-{builder.key(explain_dockerfile(builder, conversion))}.sif"
-    with pytest.raises(ImageBuildError, match="failed with exit status") as failure:
+    with pytest.raises(DockerfileError, match=f"^{path}:3: RUN failed the build: apptainer build") as failure:
         build_dockerfile(builder, conversion)
-    assert "breaking" in str(failure.value) and "full log" in str(failure.value)
+    assert "broken" in str(failure.value) and "full log" in str(failure.value) and failure.value.log.is_file()
     assert (
         not target.exists() and not target.with_suffix(".json").exists() and not list((build_cache / "tmp").iterdir())
     )

@@ -41,6 +41,8 @@ from prorl_server.sandbox.images import DEFAULTS, BuiltImage, CacheMode, ImageBu
 
 TEMPLATE = Path(__file__).resolve().parent / "dockerfile.def.j2"
 BUILD_DIR = "/opt/prorl/build"  # where the template puts the staged COPY sources during %post
+STEP = "#prorl-step"  # `echo`ed before each RUN, WORKDIR, COPY and ADD: a failed build's log names the last
+STEP_LINE = re.compile(rf"^{STEP} (?P<line>\d+|end) ?(?P<keyword>\w*)$", re.MULTILINE)
 DEBIAN_VERSIONS = {"10": "buster", "11": "bullseye", "12": "bookworm", "13": "trixie", "14": "forky"}
 DEBIAN_TAG = re.compile(r"(?P<suite>[a-z]+|\d+)(-\d{8})?(-slim)?")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -252,6 +254,11 @@ class _Converter:
         except ValueError as exc:
             raise self.error(instruction, f"cannot split {instruction.value!r}: {exc}") from exc
 
+    def step(self, instruction: Instruction, *lines: str) -> None:
+        """Add `lines` to %post after the marker that names `instruction` in the build's log."""
+        self.image.steps.append(f"echo '{STEP} {instruction.line} {instruction.keyword}'")
+        self.image.steps.extend(lines)
+
     def convert(self, instructions: list[Instruction], base_map: Mapping[str, Path]) -> Conversion:
         """Walk the instructions; the Conversion, or a DockerfileError at the first one that cannot be honoured."""
         handlers = {
@@ -372,16 +379,14 @@ class _Converter:
                 "move USER after the last RUN, or run the command with su or runuser",
             )
         argv = _json_list(instruction.value)
-        self.image.steps.append(
-            shlex.join(argv) if argv is not None else f"/bin/sh -c {shlex.quote(instruction.value)}"
-        )
+        self.step(instruction, shlex.join(argv) if argv is not None else f"/bin/sh -c {shlex.quote(instruction.value)}")
 
     def _workdir(self, instruction: Instruction, added: dict[str, Any]) -> None:
         if added.get("workdir") != instruction.value:
             raise self.error(instruction, f"spython read the directory as {added.get('workdir')!r}")
         self.image.workdir = str(Path(self.image.workdir, self.expand(instruction, instruction.value)))
         quoted = shlex.quote(self.image.workdir)
-        self.image.steps.append(f"mkdir -p {quoted} && cd {quoted}")
+        self.step(instruction, f"mkdir -p {quoted} && cd {quoted}")
 
     def _sources(self, instruction: Instruction) -> tuple[list[str], str]:
         """COPY's or ADD's sources and destination (no flags, no JSON form, no heredoc)."""
@@ -421,6 +426,7 @@ class _Converter:
         if len(paths) > 1 and not dest.endswith("/"):
             raise self.error(instruction, f"with several sources the destination must end with /, not {dest!r}")
         target = str(Path(self.image.workdir, dest)) + ("/" if dest.endswith("/") else "")
+        self.step(instruction)
         for path in paths:
             if instruction.keyword == "ADD" and path.is_file() and tarfile.is_tarfile(path):
                 raise self.error(
@@ -535,9 +541,17 @@ def build_dockerfile(
     """Build (or reuse) the image of a converted Dockerfile; with `out`, also place it there."""
     if mode == "lock":
         raise ImageBuildError("cache mode 'lock' is for templates with a lockfile; use versioned or scratch")
-    return builder.build(
-        str(TEMPLATE), mode, conversion.base, out=out, stage=conversion.stage, **conversion.variables(mirror)
-    )
+    try:
+        return builder.build(
+            str(TEMPLATE), mode, conversion.base, out=out, stage=conversion.stage, **conversion.variables(mirror)
+        )
+    except ImageBuildError as exc:
+        log = exc.log.read_text(errors="replace") if exc.log is not None and exc.log.is_file() else ""
+        steps = list(STEP_LINE.finditer(log))
+        if not steps or steps[-1]["line"] == "end":
+            raise
+        where = f"{conversion.dockerfile}:{steps[-1]['line']}: {steps[-1]['keyword']}"
+        raise DockerfileError(f"{where} failed the build: {exc}", exc.log) from exc
 
 
 def explain_dockerfile(

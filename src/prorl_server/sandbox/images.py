@@ -57,7 +57,12 @@ LOG_TAIL = 3000
 
 
 class ImageBuildError(RuntimeError):
-    """A template could not be rendered or built; the message says what to change."""
+    """A template could not be rendered or built; the message says what to change. `log`: the failed build's
+    full output, when apptainer ran."""
+
+    def __init__(self, message: str, log: Path | None = None) -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass(frozen=True)
@@ -327,7 +332,8 @@ class ImageBuilder:
         if done.returncode != 0:
             where = f" (full log: {log})" if log is not None else ""
             raise ImageBuildError(
-                f"apptainer {' '.join(args[:2])} failed with exit status {done.returncode}{where}:\n{output[-LOG_TAIL:]}"
+                f"apptainer {' '.join(args[:2])} failed with exit status {done.returncode}{where}:\n{output[-LOG_TAIL:]}",
+                log,
             )
 
 
