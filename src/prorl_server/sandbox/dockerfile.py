@@ -40,7 +40,7 @@ from spython.main.parse.parsers import DockerParser
 from prorl_server.sandbox.images import DEFAULTS, BuiltImage, CacheMode, ImageBuilder, ImageBuildError
 
 TEMPLATE = Path(__file__).resolve().parent / "dockerfile.def.j2"
-BUILD_DIR = "/opt/prorl/build"  # where the template puts the staged COPY sources during %post
+BUILD_DIR = "/opt/prorl/build"  # where the template's %setup puts the staged COPY sources for %post
 STEP = "#prorl-step"  # `echo`ed before each RUN, WORKDIR, COPY and ADD: a failed build's log names the last
 STEP_LINE = re.compile(rf"^{STEP} (?P<line>\d+|end) ?(?P<keyword>\w*)$", re.MULTILINE)
 DEBIAN_VERSIONS = {"10": "buster", "11": "bullseye", "12": "bookworm", "13": "trixie", "14": "forky"}
