@@ -251,6 +251,13 @@ class ServerSettings(BaseModel):
     )
     health_check_interval_s: float = Field(default=10.0, gt=0, description="Seconds between backend health checks.")
     llm_request_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds one LLM request may take.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Model directory (tokenizer.json, and tokenizer_config.json or chat_template.jinja) of the "
+        "backends' tokenizer and chat template: chats are tokenized in the server with it when it gives the ids "
+        "of each backend's /tokenize. Default: the model directory a backend reports as its root, else the "
+        "Hugging Face cache's copy of the model it serves, else the backend's /tokenize.",
+    )
     tool_call_format: ToolCallFormatName = Field(
         default="auto",
         description="How the models write tool calls: the gateway parses replies and renders past calls in "
