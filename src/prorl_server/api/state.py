@@ -238,7 +238,7 @@ def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: Dis
         operator_key=settings.api_key,
         dispatch=dispatch,
         public_url=settings.gateway_public_url(),
-        tool_format=tool_format(settings.tool_call_format),
+        tool_format=None if settings.tool_call_format == "auto" else tool_format(settings.tool_call_format),
     )
 
 

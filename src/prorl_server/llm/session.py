@@ -288,6 +288,14 @@ class LLMSession:
 
         return await self._with_backend(limit)
 
+    async def chat_template(self) -> str | None:
+        """The pinned backend's chat template when the server tokenizes its chats (None: not known here)."""
+
+        async def template(backend: Backend) -> str | None:
+            return backend.chat_tokenizer.chat_template if backend.chat_tokenizer is not None else None
+
+        return await self._with_backend(template)
+
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
         return await self._with_backend(
