@@ -33,7 +33,7 @@ JournalSync = Literal["normal", "full"]
 """SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
 ToolCallFormatName = Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"]
-"""Tool-call formats by name (agent/tool_formats; `auto`: detected, which today means hermes)."""
+"""Tool-call formats by name (agent/tool_formats; `auto`: detected per backend from its chat template)."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
@@ -261,7 +261,8 @@ class ServerSettings(BaseModel):
     tool_call_format: ToolCallFormatName = Field(
         default="auto",
         description="How the models write tool calls: the gateway parses replies and renders past calls in "
-        "it, the shared agent loop asks for it. auto: hermes (no backend tells its chat template yet).",
+        "it, the shared agent loop asks for it. auto: the family of the chat template of each backend's tokenizer "
+        "when the server tokenizes its chats (see --tokenizer), else hermes.",
     )
     llm_max_failovers: int = Field(
         default=3,
