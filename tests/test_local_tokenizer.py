@@ -210,3 +210,31 @@ def test_named_templates_and_the_hf_environment(tmp_path):
     assert text == '  "<é>"4'  # lstrip/trim blocks, tojson unescaped, loop controls, strftime_now
     with pytest.raises(Exception, match="no"):
         render_chat("{{ raise_exception('no') }}", [], add_generation_prompt=True)
+
+
+async def test_the_simulators_tokenizer_files_are_used_in_the_server(tmp_path):
+    from prorl_server.simllm import SimLLMServer
+
+    client = CountingClient()
+    pool = BackendPool(client, tokenizer_cache=TokenizerCache())
+    with SimLLMServer(time_scale=1000, tokenizer_dir=str(tmp_path / "sim"), output_len_median=8) as sim:
+        backend = pool.add(sim.address)
+        session = LLMSession("sim", pool, Trajectory(), {"max_tokens": 8})
+        try:
+            await pool.check_health()
+            assert backend.tokenization == "local" and backend.root == str(tmp_path / "sim")
+            probes = client.chat_tokenizations
+            await session.start(CONVERSATION, TOOLS)
+            await session.generate()
+            await session.add_messages(OBSERVATIONS[1])
+            assert client.chat_tokenizations == probes
+            ours = backend.chat_tokenizer.encode_chat(
+                [*CONVERSATION, *OBSERVATIONS[1]], add_generation_prompt=True, tools=TOOLS
+            )
+            theirs = await client.tokenize_messages(
+                backend.address, None, [*CONVERSATION, *OBSERVATIONS[1]], add_generation_prompt=True, tools=TOOLS
+            )
+            assert ours == theirs
+        finally:
+            session.finish()
+            await client.aclose_current_loop()
