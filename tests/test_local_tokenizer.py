@@ -185,7 +185,8 @@ def test_tokenizer_directory_order(tmp_path, monkeypatch):
     assert find_tokenizer_dir("/explicit", str(model), "org/name") == (Path("/explicit"), "setting")
     assert find_tokenizer_dir(None, str(model), "org/name") == (model, "root")
     assert find_tokenizer_dir(None, "/not/a/dir", "org/name") == (snapshot, "hf_cache")
-    assert find_tokenizer_dir(None, "org/name", "other/name") is None
+    assert find_tokenizer_dir(None, "org/name", "an-alias") == (snapshot, "hf_cache")  # root as a repository
+    assert find_tokenizer_dir(None, "other/name", "an-alias") is None
 
 
 def test_named_templates_and_the_hf_environment(tmp_path):

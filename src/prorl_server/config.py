@@ -256,7 +256,8 @@ class ServerSettings(BaseModel):
         description="Model directory (tokenizer.json, and tokenizer_config.json or chat_template.jinja) of the "
         "backends' tokenizer and chat template: chats are tokenized in the server with it when it gives the ids "
         "of each backend's /tokenize. Default: the model directory a backend reports as its root, else the "
-        "Hugging Face cache's copy of the model it serves, else the backend's /tokenize.",
+        "Hugging Face cache's copy of its model (named by its root, else by its served name), else the "
+        "backend's /tokenize.",
     )
     tool_call_format: ToolCallFormatName = Field(
         default="auto",

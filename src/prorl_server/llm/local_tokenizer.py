@@ -8,7 +8,7 @@ tokens, as vLLM encodes a rendered chat. Messages outside that shape (`accepts`)
 
 Where the files come from (`find_tokenizer_dir`), first found wins: the `--tokenizer` directory, the `root`
 the backend reports in `/v1/models` when it is a local directory with `tokenizer.json`, the Hugging Face
-cache's snapshot of the served model name. `TokenizerCache` loads each directory once, in a thread of its
+cache's snapshot of that `root` as a repository name, else of the served model name. `TokenizerCache` loads each directory once, in a thread of its
 own, and shares it.
 """
 
@@ -203,13 +203,18 @@ def _json_file(path: Path) -> dict[str, Any]:
 
 
 def find_tokenizer_dir(explicit: str | None, root: str | None, model: str | None) -> tuple[Path, str] | None:
-    """Where the backend's tokenizer is and how it was found (`setting`, `root`, `hf_cache`), or None."""
+    """Where the backend's tokenizer is and how it was found (`setting`, `root`, `hf_cache`), or None: the
+    setting; `root` when it is a directory with tokenizer.json; the Hugging Face cache's snapshot of `root`
+    as a repository name (vLLM's root of a model it downloaded), else of the served name `model`."""
     if explicit:
         return Path(explicit).expanduser(), "setting"
-    if root and Path(root).is_dir() and (Path(root) / TOKENIZER_FILE).is_file():
+    if root and (Path(root) / TOKENIZER_FILE).is_file():
         return Path(root), "root"
-    snapshot = hf_cache_snapshot(model) if model else None
-    return (snapshot, "hf_cache") if snapshot is not None else None
+    for name in (root, model):
+        snapshot = hf_cache_snapshot(name) if name else None
+        if snapshot is not None:
+            return snapshot, "hf_cache"
+    return None
 
 
 def hf_cache_snapshot(model: str) -> Path | None:

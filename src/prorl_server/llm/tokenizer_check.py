@@ -84,6 +84,8 @@ async def choose_tokenizer(
         tokenizer = await cache.load(directory)
     except TokenizerUnavailable as exc:
         return TokenizerChoice(None, "unloadable", str(exc))
+    except Exception as exc:  # any other failure to load: the backend tokenizes, the calls go on
+        return TokenizerChoice(None, "unloadable", f"{directory}: {type(exc).__name__}: {exc}")
     for messages, add_generation_prompt, tools in PROBES:
         difference = await _compare(tokenizer, remote, messages, add_generation_prompt, tools)
         if difference is not None:
