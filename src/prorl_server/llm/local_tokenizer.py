@@ -1,8 +1,9 @@
 """A backend model's tokenizer and chat template, loaded into the server (Hugging Face `tokenizers`, no torch).
 
 `ChatTokenizer.encode_chat` gives the ids vLLM's `POST /tokenize` gives for `messages`: the messages are
-prepared as vLLM 0.32 prepares them for a chat template whose content format is a string (content parts
-joined, a missing content as "", tool-call arguments as objects, tools as vLLM's tool schema), rendered
+prepared as vLLM 0.32 prepares them for a chat template whose content format is a string (a missing content
+as "", Claude Code's header line left out of a system message, tool-call arguments as objects, tools as
+vLLM's tool schema), rendered
 with the model's template the way transformers does (`chat_template.py`) and encoded without adding special
 tokens, as vLLM encodes a rendered chat. Messages outside that shape (`accepts`) are left to the backend.
 
@@ -34,6 +35,7 @@ SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """The named special tokens transformers passes to a chat template."""
 
+CLAUDE_CODE_HEADER = "x-anthropic-billing-header"
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
 
@@ -93,9 +95,10 @@ class ChatTokenizer:
 
 
 def vllm_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as vLLM hands it to a string-content chat template."""
+    """A message as vLLM hands it to a string-content chat template (a system message's first line dropped
+    when it is Claude Code's attribution header, whose value changes at every request)."""
     role = message["role"]
-    prepared: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
+    prepared: dict[str, Any] = {"role": role, "content": without_claude_code_header(role, message.get("content") or "")}
     if role == "assistant" and message.get("tool_calls") is not None:
         calls = [_vllm_call(c) for c in message["tool_calls"]]
         if calls:
@@ -105,6 +108,14 @@ def vllm_message(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(message.get("name"), str):
         prepared["name"] = message["name"]
     return prepared
+
+
+def without_claude_code_header(role: str, content: str) -> str:
+    """`content` of a `role` message as vLLM renders it: a system message's first line dropped when it is
+    Claude Code's attribution header."""
+    if role == "system" and content.startswith(CLAUDE_CODE_HEADER):
+        return content.partition("\n")[2]
+    return content
 
 
 def _vllm_call(call: Any) -> dict[str, Any]:

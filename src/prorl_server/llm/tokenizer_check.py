@@ -3,7 +3,8 @@ backend's `POST /tokenize` on a set of probe conversations, and used only when e
 
 The probes cover what the server tokenizes: the session's two-message base and its delta shapes (a tool
 result, a user turn), a system prompt with tools passed to the template, assistant tool calls (arguments as
-JSON text and as none) and their results, non-ASCII text, and text that looks like special tokens. A probe
+JSON text and as none) and their results, non-ASCII text, text that looks like special tokens, and a system
+prompt with Claude Code's header line (which vLLM leaves out). A probe
 the backend refuses (HTTP 4xx) must be refused locally too.
 """
 
@@ -56,6 +57,7 @@ PROBES: list[Probe] = [
     ),
     ([{"role": "user", "content": "Grüße, 世界 🙂 — ñ\n\ttab  two spaces \u00a0nbsp\r\n"}], True, None),
     ([{"role": "user", "content": _LOOKALIKE}, {"role": "assistant", "content": _LOOKALIKE}], False, None),
+    ([{"role": "system", "content": "x-anthropic-billing-header: cch=1\nBe brief."}, PROBE_USER], True, None),
 ]
 
 RemoteTokenize = Callable[[list[dict[str, Any]], bool, list[dict[str, Any]] | None], Awaitable[list[int]]]
