@@ -424,8 +424,8 @@ class BackendPool:
 
     async def _decide_tokenization(self, backend: Backend) -> None:
         """Decide how `backend`'s chats are tokenized (once; concurrent callers, on any loop, wait for the
-        first). A backend failing a probe stays undecided (its /tokenize is used) and is asked again at the
-        next call."""
+        first). A backend whose probe request fails (unreachable, 5xx, stalled; not a refusal) stays undecided
+        (its /tokenize is used) and is probed again at its next call or health check."""
         assert self.tokenizer_cache is not None
         with self._lock:
             pending = self._deciding.get(backend)

@@ -4,8 +4,8 @@ backend's `POST /tokenize` on a set of probe conversations, and used only when e
 The probes cover what the server tokenizes: the session's two-message base and its delta shapes (a tool
 result, a user turn), a system prompt with tools passed to the template, assistant tool calls (arguments as
 JSON text and as none) and their results, non-ASCII text, text that looks like special tokens, and a system
-prompt with Claude Code's header line (which vLLM leaves out). A probe
-the backend refuses (HTTP 4xx) must be refused locally too.
+prompt starting with Claude Code's header line (which vLLM leaves out). A probe the backend refuses (HTTP
+4xx) must be refused locally too.
 """
 
 from __future__ import annotations
