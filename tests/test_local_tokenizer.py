@@ -138,6 +138,7 @@ async def test_a_template_that_differs_from_the_backends_falls_back_and_is_count
         }
         assert samples[("prorl_tokenizer_fallbacks_total", (("reason", "differs"),))] == 1
         assert samples[("prorl_backend_local_tokenizer", (("backend", backend.address),))] == 0
+        assert server.http.get("/llm_servers").json()["servers"][0]["tokenization"] == "backend"
         await session.start(CONVERSATION)
         assert client.chat_tokenizations == 1, "the session tokenized with the backend's /tokenize"
     finally:

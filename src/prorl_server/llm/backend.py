@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from prorl_server.llm.circuit import CircuitBreaker
 from prorl_server.llm.local_tokenizer import ChatTokenizer
@@ -22,7 +22,7 @@ class Backend:
     max_model_len: int | None = None  # the served model's context length, when the backend says
     vocab_size: int | None = None  # its vocabulary size, when the backend says
     root: str | None = None  # where the backend loaded its model from (vLLM's `root` in /v1/models)
-    tokenization: str | None = None  # "local" or "backend" once decided (BackendPool.resolve_model)
+    tokenization: Literal["local", "backend"] | None = None  # once decided (BackendPool.resolve_model)
     chat_tokenizer: ChatTokenizer | None = None  # with "local": the tokenizer its chats are tokenized with
     assigned: int = 0
     in_flight: int = 0  # jobs pinned to it
@@ -53,4 +53,5 @@ class Backend:
             circuit=self.breaker.state.value,
             consecutive_failures=self.breaker.consecutive_failures,
             tokens_per_s=self.tokens_per_s,
+            tokenization=self.tokenization,
         )
