@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prorl_server.llm import BackendPool, LLMSession, VLLMClient
 from prorl_server.llm.chat_template import render_chat
+from prorl_server.llm.errors import SessionFinished
 from prorl_server.llm.local_tokenizer import TokenizerCache, find_tokenizer_dir, load_chat_tokenizer
 from prorl_server.llm.session import missing_turn_close
 from prorl_server.protocol import Trajectory
@@ -237,6 +238,10 @@ async def test_the_simulators_tokenizer_files_are_used_in_the_server(tmp_path):
                 backend.address, None, [*CONVERSATION, *OBSERVATIONS[1]], add_generation_prompt=True, tools=TOOLS
             )
             assert ours == theirs
+            await session.generate()
+            session.finish()
+            with pytest.raises(SessionFinished):  # as when the backend tokenizes: the job has ended
+                await session.add_messages(OBSERVATIONS[0])
         finally:
             session.finish()
             await client.aclose_current_loop()

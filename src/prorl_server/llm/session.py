@@ -322,11 +322,21 @@ class LLMSession:
 
     def _acquire(self, avoid: Collection[str], ticket: Ticket | None = None) -> Lease:
         with self._lock:
-            if self._finished:
-                raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
-            if self.stale is not None:
-                raise StaleRollout(self.stale)
+            self._check_open()
             return self.pool.acquire(self.job_id, avoid, ticket)
+
+    def _local_tokenizer(self) -> ChatTokenizer | None:
+        """The tokenizer to tokenize this job's chats with in the server (`BackendPool.local_tokenizer`);
+        raises as a call to the backend would once the session is finished or stale."""
+        with self._lock:
+            self._check_open()
+        return self.pool.local_tokenizer(self.job_id)
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
+        if self.stale is not None:
+            raise StaleRollout(self.stale)
 
     def _check_staleness(self, version: str | int | None) -> None:
         """Raise StaleRollout (policy "end") when a turn sampled under `version` would be more than
@@ -357,7 +367,7 @@ class LLMSession:
         return max(0.0, time.monotonic() - started - clock.queue_s - clock.pause_s)
 
     async def _template_shape(self) -> TemplateShape:
-        local = self.pool.local_tokenizer(self.job_id)
+        local = self._local_tokenizer()
         if local is not None:
             shape = self._local_shapes.get(local)
             if shape is None:
@@ -383,7 +393,7 @@ class LLMSession:
         """The chat template of `messages` as ids: in the server with the job's local tokenizer (no request),
         else from the backend's /tokenize (also for messages the local path does not prepare, or that its
         template refuses: the backend then says why)."""
-        local = self.pool.local_tokenizer(self.job_id)
+        local = self._local_tokenizer()
         if local is not None and local.accepts(messages):
             with contextlib.suppress(Exception):  # the backend renders them again and reports the problem
                 return local.encode_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
