@@ -68,7 +68,7 @@ class JobContext:
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
     - `tool_call_format`: how the model writes tool calls (the server's `--tool-call-format`; the shared
-      agent loop's default).
+      agent loop's default; `auto`: the family of the job's backend's chat template).
     """
 
     job_id: str
