@@ -3,8 +3,10 @@
 Token ids only: the prompt is the chat template of the system prompt (the task's instructions plus the
 tool schemas and how to call them, in the job's tool-call format: the loop's `tool_format`, else the
 server's `--tool-call-format`, whose `auto` is the family of the job's backend's chat template, Hermes
-when it is unknown) and the first user message, or a list of messages (few-shot turns); after that every turn appends the sampled ids and the template delta of the observations (`LLMSession`),
-never a re-tokenization of model output.
+when it is unknown) and the first user message, or a list of messages (few-shot turns); after that every
+turn appends the sampled ids and the template delta of the observations (`LLMSession`), never a
+re-tokenization of model output. Turns are sampled with `skip_special_tokens: false` (unless the trainer's
+sampling params say otherwise), so that calls written with special tokens reach the parser.
 
 The episode ends when a tool ends it (`stop_reason="submitted"`: the submitting tool, or a tool returning
 `ToolResult(done=True)`), after `max_turns` turns ("max_turns"), when the next turn could not fit the
@@ -37,6 +39,7 @@ from prorl_server.agent.tool_formats import (
     ToolCall,
     ToolCallFormat,
     backend_format,
+    keep_call_markers,
     tool_format,
 )
 from prorl_server.agent.tools import Tool, ToolArgumentError, ToolResult
@@ -157,7 +160,7 @@ class AgentLoop:
             if overrides is None:
                 result.stop_reason = "context_length"
                 break
-            turn = await ctx.llm.generate(**overrides)
+            turn = await ctx.llm.generate(**{**keep_call_markers(ctx.sampling_params), **overrides})
             result.turns += 1
             observations, stop = await self._act(ctx, call_format, turn.text, result)
             if stop is not None:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_server.agent.tool_formats import ToolCallFormat, backend_format
+from prorl_server.agent.tool_formats import ToolCallFormat, backend_format, keep_call_markers
 from prorl_server.gateway.errors import GatewayError, bad_request
 from prorl_server.gateway.messages import (
     MessageKey,
@@ -124,7 +124,8 @@ class ConversationRecorder:
         async with self._lock:
             try:
                 turn_session = await self._place(request, keys, tools, tools_key)
-                turn = await turn_session.generate(**overrides)
+                markers = keep_call_markers(turn_session.sampling_params) if parse_calls else {}
+                turn = await turn_session.generate(**{**markers, **overrides})
             except GatewayError:  # bad input: no call was made
                 raise
             except BaseException:

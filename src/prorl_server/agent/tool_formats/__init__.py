@@ -8,7 +8,9 @@ backend. Each format's module says what its calls look like.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 from prorl_server.agent.tool_formats.base import (
     MalformedCall,
@@ -60,6 +62,14 @@ def tool_format(name: str) -> ToolCallFormat:
         raise KeyError(f"unknown tool-call format {name!r}; known: {', '.join(FORMATS)}") from None
 
 
+def keep_call_markers(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling field a turn whose tool calls are parsed is sent with: `skip_special_tokens: false`, as
+    vLLM's own tool parsers set it, since several families write calls with special tokens (gpt-oss's
+    harmony markers, Mistral's `[TOOL_CALLS]`) that vLLM otherwise leaves out of the text. Nothing when the
+    trainer's `sampling_params` set it: theirs is kept. Token ids are the same either way."""
+    return {} if "skip_special_tokens" in sampling_params else {"skip_special_tokens": False}
+
+
 def backend_format(name: str, chat_template: str | None) -> ToolCallFormat:
     """The format of setting `name` on a backend whose chat template is `chat_template` (None: not known to
     the server). `auto` is the family `detect_format` recognises in the template, else Hermes (logged once
@@ -88,5 +98,6 @@ __all__ = [
     "ToolSchemas",
     "backend_format",
     "detect_format",
+    "keep_call_markers",
     "tool_format",
 ]
