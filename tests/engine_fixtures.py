@@ -69,6 +69,20 @@ class Engine:
         """Every recorded request, oldest first, each with `prompt_ids`, `output_ids` and `logprobs`."""
         return list(self._generations())
 
+    def assert_turns_are_its_own(self, segment: dict) -> None:
+        """Each turn of a recorded `segment` has the ids and logprobs this engine sampled for exactly the ids
+        that precede it (through the fixture, so that pytest, which imports this module, rewrites asserts)."""
+        context = segment["prompt_ids"] + segment["response_ids"]
+        generations = self.generations()
+        for turn in segment["turns"]:
+            prompt = context[: turn["prompt_len"]]
+            record = next(g for g in reversed(generations) if g.prompt_ids == prompt)
+            assert turn["output_ids"] == record.output_ids
+            assert turn["logprobs"] == record.logprobs
+            start = turn["prompt_len"] - len(segment["prompt_ids"])
+            assert segment["response_ids"][start : start + len(record.output_ids)] == record.output_ids
+            assert segment["response_mask"][start : start + len(record.output_ids)] == [1] * len(record.output_ids)
+
     def metrics(self) -> dict[str, float]:
         """`GET /metrics`, vLLM's names (each summed over its labels)."""
         return vllm_metrics(self.url)

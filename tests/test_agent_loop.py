@@ -196,3 +196,13 @@ def test_the_context_guard_stops_before_a_turn_could_overflow(start_server, back
     assert result["artifacts"]["agent"]["stop_reason"] == "context_length"
     assert result["artifacts"]["agent"]["turns"] == 1
     assert len(result["trajectory"]["prompt_ids"]) + 50 <= limit
+
+
+@pytestmark_bwrap
+@pytest.mark.parametrize(("sampling", "sent"), [({}, False), ({"skip_special_tokens": True}, True)])
+def test_turns_keep_special_tokens_for_the_parser_unless_the_trainer_says(start_server, backend, sampling, sent):
+    """Calls written with special tokens (gpt-oss, Mistral) reach the parser only when vLLM keeps them in the
+    text; the trainer's own `skip_special_tokens` is sent as it is."""
+    run_job(start_server, backend, LoopHandler(), [call("submit", answer="42")], **sampling)
+    [request] = backend.double.requests
+    assert request.params["skip_special_tokens"] is sent

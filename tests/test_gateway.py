@@ -179,6 +179,21 @@ def test_trainer_sampling_params_win_over_the_harness_except_the_ones_it_allows(
     assert second["max_tokens"] == 9
 
 
+def test_a_call_with_tools_keeps_special_tokens_for_the_parser_unless_the_trainer_says(strict, server):
+    """vLLM leaves special tokens out of the text by default, and several families write calls with them; as
+    vLLM's own tool parsers do, a request with tools asks for them (a trainer's own setting wins)."""
+    strict.double.push("ok", "ok", "ok")
+    messages = [{"role": "user", "content": "hi"}]
+    client_for(open_session(server)).chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS)
+    client_for(open_session(server)).chat.completions.create(model=MODEL_NAME, messages=messages)
+    kept = open_session(server, sampling_params={"skip_special_tokens": True})
+    client_for(kept).chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS)
+    with_tools, without, trainers = (r.params for r in strict.double.requests)
+    assert with_tools["skip_special_tokens"] is False
+    assert "skip_special_tokens" not in without
+    assert trainers["skip_special_tokens"] is True
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [

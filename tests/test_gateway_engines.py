@@ -25,20 +25,6 @@ TOOLS = [
 ]
 
 
-def assert_turns_are_the_engines(segment: dict, engine) -> None:
-    """Each turn's ids and logprobs are the engine's answer to exactly the ids that precede it."""
-    context = segment["prompt_ids"] + segment["response_ids"]
-    generations = engine.generations()
-    for turn in segment["turns"]:
-        prompt = context[: turn["prompt_len"]]
-        record = next(g for g in reversed(generations) if g.prompt_ids == prompt)
-        assert turn["output_ids"] == record.output_ids
-        assert turn["logprobs"] == record.logprobs
-        start = turn["prompt_len"] - len(segment["prompt_ids"])
-        assert segment["response_ids"][start : start + len(record.output_ids)] == record.output_ids
-        assert segment["response_mask"][start : start + len(record.output_ids)] == [1] * len(record.output_ids)
-
-
 def test_openai_clients_multi_turn_with_tools_are_recorded_token_exact(engine, start_server):
     engine.wait_idle()
     server = start_server([engine.address])
@@ -64,7 +50,7 @@ def test_openai_clients_multi_turn_with_tools_are_recorded_token_exact(engine, s
     record = server.http.delete(f"/sessions/{session['session_id']}").raise_for_status().json()
     assert record["rewrites"] == 0 and record["calls"] == 3
     [segment] = record["segments"]
-    assert_turns_are_the_engines(segment, engine)
+    engine.assert_turns_are_its_own(segment)
     assert [t["text"] for t in segment["turns"]][1:] == [streamed, third]
     # the prompt is the engine's chat template of the first messages with the tools
     rendered = httpx.post(
@@ -92,4 +78,4 @@ def test_a_rewrite_on_the_engine_starts_a_segment_that_is_token_exact_too(engine
     record = server.http.delete(f"/sessions/{session['session_id']}").raise_for_status().json()
     assert record["rewrites"] == 1 and len(record["segments"]) == 2
     for segment in record["segments"]:
-        assert_turns_are_the_engines(segment, engine)
+        engine.assert_turns_are_its_own(segment)

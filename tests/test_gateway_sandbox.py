@@ -1,16 +1,23 @@
 """A gateway session reached from inside a sandbox without network (gateway/bridge.py, tools/relay.py), under
 the real bubblewrap and Apptainer runtimes, against the scripted double: a command in the sandbox completes a
 chat through `OPENAI_BASE_URL`, and reaches nothing else (not another session, not the server's other paths,
-not the backend, not with a body over the gateway's limit)."""
+not the backend, not with a body over the gateway's limit). On the host, the bridge's Anthropic path: the
+official `anthropic` client's messages (plain and streamed; a beta client's `?beta=true`) with the session's
+key whatever key it sends, and the bridge's own errors there in Anthropic's shape."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+import anthropic
+import httpx
 import pytest
+from gateway_sessions import close_session
 from polling import wait_for
 from server_jobs import result, submit
 
@@ -21,6 +28,7 @@ from prorl_server.sandbox import SandboxSpec
 from prorl_server.sandbox.registry import unavailable_reason
 from prorl_server.testing import ScriptedReply
 from prorl_server.tools.errors import BadRequest
+from prorl_server.tools.relay import Relay
 
 pytest_plugins = ("sandbox_fixtures",)
 
@@ -103,8 +111,8 @@ async def test_a_command_in_the_sandbox_completes_a_chat_through_its_own_session
     session = open_session(server)
     sandbox, bridge = await sandbox_with_gateway(isolated, server, session)
     try:
-        env = await sandbox.bash("echo $OPENAI_BASE_URL $OPENAI_MODEL")
-        assert env.output.split() == [f"{RELAY}/v1", session["model"]]
+        env = await sandbox.bash("echo $OPENAI_BASE_URL $OPENAI_MODEL $ANTHROPIC_BASE_URL $ANTHROPIC_MODEL")
+        assert env.output.split() == [f"{RELAY}/v1", session["model"], RELAY, session["model"]]
         body = chat("hi") | {"model": session["model"]}
         [models, completion] = await probe(
             sandbox, ["http", "GET", "/v1/models", None, None], ["http", "POST", "/v1/chat/completions", body, None]
@@ -267,3 +275,87 @@ async def test_a_client_that_hangs_up_aborts_its_completion(strict, server, tmp_
         )
     finally:
         await bridge.close()
+
+
+@contextlib.contextmanager
+def relayed(bridge: SessionBridge) -> Iterator[str]:
+    """The bridge on a loopback port of the host, relayed as in a sandbox: what ANTHROPIC_BASE_URL is there."""
+    relay = Relay(str(bridge.socket_path), 0)
+    try:
+        yield f"http://127.0.0.1:{relay.port}"
+    finally:
+        relay.close()
+
+
+def anthropic_client(base_url: str, api_key: str) -> anthropic.AsyncAnthropic:
+    """An Anthropic client as one in the sandbox is, sending `api_key` in `x-api-key` besides the placeholder
+    (in `Authorization`, as recent SDKs send ANTHROPIC_API_KEY)."""
+    return anthropic.AsyncAnthropic(
+        base_url=base_url, api_key=PLACEHOLDER_KEY, default_headers={"x-api-key": api_key}, max_retries=0
+    )
+
+
+async def test_the_bridge_passes_anthropic_messages_plain_beta_and_streamed_in_one_segment(strict, server, tmp_path):
+    strict.double.push("one", "two", "three")
+    mine, other = open_session(server), open_session(server)
+    bridge = await SessionBridge.open(mine["base_url"], mine["api_key"], BODY_LIMIT, tmp_path)
+    history: list = [{"role": "user", "content": "u1"}]
+    try:
+        with relayed(bridge) as base_url:
+            client = anthropic_client(base_url, other["api_key"])  # another session's key: the call is still mine
+            first = await client.messages.create(model=mine["model"], max_tokens=16, messages=history)
+            history += [{"role": "assistant", "content": [b.model_dump() for b in first.content]}]
+            history += [{"role": "user", "content": "u2"}]
+            # as the beta client of Anthropic's TypeScript SDK (Claude Code's) sends it
+            async with httpx.AsyncClient(base_url=base_url) as raw:
+                second = await raw.post(
+                    "/v1/messages?beta=true",
+                    headers={"x-api-key": other["api_key"], "anthropic-beta": "any"},
+                    json={"model": mine["model"], "max_tokens": 16, "messages": history},
+                )
+            history += [{"role": "assistant", "content": second.json()["content"]}, {"role": "user", "content": "u3"}]
+            async with client.messages.stream(model=mine["model"], max_tokens=16, messages=history) as stream:
+                third = await stream.get_final_message()
+            await client.close()
+    finally:
+        await bridge.close()
+    assert second.status_code == 200, second.text
+    texts = [first.content[0].text, second.json()["content"][0]["text"], third.content[0].text]
+    assert texts == ["one", "two", "three"]
+    record = close_session(server, mine)
+    assert (record["calls"], record["rewrites"]) == (3, 0)
+    [segment] = record["segments"]
+    assert [t["text"] for t in segment["turns"]] == ["one", "two", "three"]
+    assert close_session(server, other)["calls"] == 0
+
+
+async def test_the_bridge_s_own_errors_on_the_anthropic_path_have_anthropic_s_shape(strict, server, tmp_path):
+    session = open_session(server)
+    bridge = await SessionBridge.open(session["base_url"], session["api_key"], BODY_LIMIT, tmp_path)
+    unanswered = await SessionBridge.open("http://127.0.0.1:9/v1", session["api_key"], BODY_LIMIT, tmp_path)
+    message = {"model": session["model"], "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with relayed(bridge) as base_url, relayed(unanswered) as nowhere:
+            client, raw = anthropic_client(base_url, PLACEHOLDER_KEY), httpx.AsyncClient(base_url=base_url)
+            with pytest.raises(anthropic.APIStatusError) as too_large:
+                await client.messages.create(**message, system="x" * BODY_LIMIT)
+            with pytest.raises(anthropic.NotFoundError) as count_tokens:
+                await client.messages.count_tokens(model=session["model"], messages=message["messages"])
+            with pytest.raises(anthropic.APIStatusError) as no_gateway:  # nothing listens upstream: 502, as 529
+                await anthropic_client(nowhere, PLACEHOLDER_KEY).messages.create(**message)
+            beta_false = await raw.post("/v1/messages?beta=false", json=message)
+            openai_path = await raw.post("/v1/chat/completions?beta=true", json={})
+            await client.close()
+            await raw.aclose()
+    finally:
+        await bridge.close()
+        await unanswered.close()
+    assert too_large.value.status_code == 413
+    assert too_large.value.body["error"]["type"] == "request_too_large"
+    assert count_tokens.value.body["error"]["type"] == "not_found_error"
+    assert "POST /v1/messages?beta=true" in count_tokens.value.body["error"]["message"]
+    assert no_gateway.value.status_code == 529
+    assert no_gateway.value.body["error"]["type"] == "overloaded_error"
+    assert beta_false.status_code == 404 and beta_false.json()["type"] == "error"
+    assert openai_path.status_code == 404 and openai_path.json()["error"]["code"] == "not_found"  # OpenAI's shape
+    assert strict.double.requests == []

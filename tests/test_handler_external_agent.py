@@ -1,6 +1,8 @@
-"""`external_agent` end to end under bubblewrap: the shipped example agent (the official `openai` package, a
-ReAct loop over bash) runs in a sandbox without network against its job's gateway session on the scripted
-double, which drives one tool call and then a final answer; EVAL scores in a fresh sandbox."""
+"""`external_agent` end to end under bubblewrap: each shipped example agent (a loop over bash with an official
+SDK alone: `openai` Chat Completions, `openai` Responses, `anthropic` Messages) runs in a sandbox without
+network against its job's gateway session on the scripted double, which drives one tool call and then a final
+answer; EVAL scores in a fresh sandbox. On the real engines (the dev engine and vLLM), the Responses and
+Anthropic agents run as tasks the same way, and every turn recorded is exactly what the engine sampled."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import json
 
 import pytest
 from polling import wait_for
-from prorl_handlers.external_agent import ExternalAgentHandler, example_instance
+from prorl_handlers.external_agent import EXAMPLE_AGENTS, ExternalAgentHandler, example_instance
 from server_jobs import result, submit
 
 from prorl_server.sandbox.registry import unavailable_reason
 from prorl_server.testing import ScriptedReply
+
+pytest_plugins = ("engine_fixtures",)
 
 BWRAP = unavailable_reason("bwrap")
 pytestmark = pytest.mark.skipif(BWRAP is not None, reason=f"bwrap: {BWRAP}")
@@ -29,10 +33,14 @@ def server(start_server, strict):
     return server
 
 
-def test_the_example_agent_calls_bash_then_answers_and_the_fresh_sandbox_scores_its_file(strict, server):
+@pytest.mark.parametrize("agent", list(EXAMPLE_AGENTS))
+def test_each_example_agent_calls_bash_then_answers_and_the_fresh_sandbox_scores_its_file(strict, server, agent):
     strict.double.push(CALL, FINAL, job="j1")
     instance = example_instance(
-        "Write 42 to answer.txt.", score={"command": 'test "$(cat answer.txt)" = 42'}, collect=["answer.txt"]
+        "Write 42 to answer.txt.",
+        score={"command": 'test "$(cat answer.txt)" = 42'},
+        agent=agent,
+        collect=["answer.txt"],
     )
     submit(server, "j1", instance=instance)
     res = result(server, "j1", timeout=120)
@@ -42,7 +50,7 @@ def test_the_example_agent_calls_bash_then_answers_and_the_fresh_sandbox_scores_
     assert artifacts["files"] == {"answer.txt": "42\n"}
     [recording] = artifacts["gateway"]
     assert (recording["calls"], recording["rewrites"], recording["failed_calls"]) == (2, 0, 0)
-    [segment] = recording["segments"]  # the SDK sent back the call and its result: one segment, token-exact
+    [segment] = recording["segments"]  # the agent sent back the call and its result: one segment, token-exact
     assert [t["text"] for t in segment["turns"]] == [CALL, FINAL]
     sampled = [t["output_ids"] for t in segment["turns"]]
     model_ids = [i for i, m in zip(segment["response_ids"], segment["response_mask"], strict=True) if m]
@@ -86,3 +94,23 @@ def test_cancelling_the_job_aborts_the_agent_s_completion_and_closes_its_bridge(
     manager = server.state.orchestrator.sandboxes
     owner_dir = manager.base_dir / manager.owner
     wait_for(lambda: not list(owner_dir.glob("gw-*")), 30, "the bridge's directory is removed")
+
+
+@pytest.mark.parametrize("agent", ["responses", "anthropic"])
+def test_an_example_agent_on_a_real_engine_is_recorded_as_the_engine_sampled(engine, start_server, agent):
+    """Whatever the model does (a small model seldom calls a tool well), each turn is the engine's own."""
+    engine.wait_idle()
+    server = start_server([engine.address], handlers={"external_agent": ExternalAgentHandler()}, runtime="bwrap")
+    server.state.gateway.public_url = server.url
+    instance = example_instance("How many files are here? Use bash.", score={"command": "true"}, agent=agent)
+    instance["command"] += " --max-steps 3 --max-tokens 12"
+    submit(server, "j5", instance=instance, sampling_params={"temperature": 0.0})
+    res = result(server, "j5", timeout=600)
+    assert res["status"] == "completed" and res["reward"] == 1.0, (res["error"], res["artifacts"])
+    assert res["artifacts"]["agent"]["exit_code"] == 0, res["artifacts"]["agent"]
+    [recording] = res["artifacts"]["gateway"]
+    assert recording["calls"] >= 1 and (recording["rewrites"], recording["failed_calls"]) == (0, 0), recording
+    [segment] = recording["segments"]
+    assert len(segment["turns"]) == recording["calls"]
+    assert all(len(t["output_ids"]) <= 12 for t in segment["turns"])
+    engine.assert_turns_are_its_own(segment)

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prorl_server.actions.model_services import ModelServiceRefused
 from prorl_server.auth_key import API_KEY_FILE_ENV, ApiKeyFileError, api_key_file, load_or_create_api_key
@@ -20,6 +21,9 @@ from prorl_server.llm.judge import JudgeConfigError
 from prorl_server.protocol.server import API_KEY_ENV
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
+
+if TYPE_CHECKING:
+    from prorl_server.sandbox.images import BuiltImage, ImageBuilder
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,16 +81,30 @@ def add_slurm(sub: argparse._SubParsersAction) -> None:
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
-    """The `build-image` subcommand: an Apptainer image from a definition template (sandbox/images.py)."""
+    """The `build-image` subcommand: an Apptainer image from a definition template (sandbox/images.py) or a
+    Dockerfile (sandbox/dockerfile.py)."""
     from prorl_server.sandbox.images import CACHE_MODES, DEFAULTS, IMAGE_CACHE_DIR, TEMPLATES
 
     build = sub.add_parser(
         "build-image",
-        help="build an Apptainer .sif from a definition template",
+        help="build an Apptainer .sif from a definition template or a Dockerfile",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     names = ", ".join(sorted(p.name.removesuffix(".def.j2") for p in TEMPLATES.glob("*.def.j2")))
-    build.add_argument("template", help=f"built-in template ({names}) or a path to a .def.j2 file")
+    build.add_argument("template", nargs="?", help=f"built-in template ({names}) or a path to a .def.j2 file")
+    build.add_argument("--dockerfile", type=Path, help="build this Dockerfile instead of a template")
+    build.add_argument("--context", type=Path, help="the Dockerfile's build context (default: its directory)")
+    build.add_argument(
+        "--build-arg", action="append", default=[], metavar="NAME=VALUE", help="a Dockerfile ARG's value"
+    )
+    build.add_argument(
+        "--base-map",
+        action="append",
+        default=[],
+        metavar="IMAGE=PATH",
+        help="build a Dockerfile's FROM IMAGE on this local .sif or root directory (default: debian:<suite> by "
+        "debootstrap, any other image pulled from its registry)",
+    )
     build.add_argument("--out", type=Path, help="also put the image here (default: only in the cache)")
     build.add_argument("--cache-mode", choices=CACHE_MODES, default="versioned")
     build.add_argument("--cache-dir", type=Path, default=IMAGE_CACHE_DIR)
@@ -111,8 +129,18 @@ def build_image(args: argparse.Namespace) -> None:
     from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
 
     builder = ImageBuilder(cache_dir=args.cache_dir)
-    variables = {"ipython": not args.no_ipython, "packages": args.package, "suite": args.suite, "mirror": args.mirror}
     try:
+        if args.dockerfile is not None:
+            build_from_dockerfile(args, builder)
+            return
+        if args.template is None:
+            raise ImageBuildError("name a template, or give --dockerfile")
+        variables = {
+            "ipython": not args.no_ipython,
+            "packages": args.package,
+            "suite": args.suite,
+            "mirror": args.mirror,
+        }
         if args.explain:
             inputs = builder.explain(args.template, args.cache_mode, args.base, args.lockfile, **variables)
             print(json.dumps({"key": builder.key(inputs), "inputs": inputs}, indent=2))
@@ -122,8 +150,35 @@ def build_image(args: argparse.Namespace) -> None:
         )
     except ImageBuildError as exc:
         sys.exit(f"prorl-server build-image: {exc}")
+    print_built(image, args.cache_mode)
+
+
+def print_built(image: BuiltImage, mode: str) -> None:
+    """The line `build-image` prints for a built or reused image."""
     how = "reused" if image.cached else "built"
-    print(f"{image.path}  ({how} in {image.seconds:.1f} s, cache mode {args.cache_mode}, key {image.key})")
+    print(f"{image.path}  ({how} in {image.seconds:.1f} s, cache mode {mode}, key {image.key})")
+
+
+def build_from_dockerfile(args: argparse.Namespace, builder: ImageBuilder) -> None:
+    """`build-image --dockerfile`: convert, then print the key's inputs (--explain) or build; notes on stderr."""
+    from prorl_server.sandbox.dockerfile import build_dockerfile, convert, explain_dockerfile, parse_mapping
+    from prorl_server.sandbox.images import ImageBuildError
+
+    template_only = {"a template": args.template, "--base": args.base, "--lockfile": args.lockfile}
+    template_only |= {"--package": args.package, "--no-ipython": args.no_ipython}
+    given = [name for name, value in template_only.items() if value]
+    if given:
+        raise ImageBuildError(f"{', '.join(given)}: for templates only; with --dockerfile its FROM is the base")
+    base_map = {name: Path(path) for name, path in parse_mapping(args.base_map, "--base-map").items()}
+    conversion = convert(args.dockerfile, args.context, parse_mapping(args.build_arg, "--build-arg"), base_map)
+    for note in conversion.notes:
+        print(note, file=sys.stderr)
+    if args.explain:
+        inputs = explain_dockerfile(builder, conversion, args.cache_mode, args.mirror)
+        print(json.dumps({"key": builder.key(inputs), "inputs": inputs}, indent=2))
+        return
+    print_built(build_dockerfile(builder, conversion, args.cache_mode, args.out, args.mirror), args.cache_mode)
+    print(f"workdir {conversion.workdir}" + (f", user {conversion.user}" if conversion.user else ""))
 
 
 def reachable_beyond_loopback(host: str) -> bool:

@@ -33,7 +33,7 @@ JournalSync = Literal["normal", "full"]
 """SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
 ToolCallFormatName = Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"]
-"""Tool-call formats by name (agent/tool_formats; `auto`: detected, which today means hermes)."""
+"""Tool-call formats by name (agent/tool_formats; `auto`: detected per backend from its chat template)."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
@@ -251,10 +251,19 @@ class ServerSettings(BaseModel):
     )
     health_check_interval_s: float = Field(default=10.0, gt=0, description="Seconds between backend health checks.")
     llm_request_timeout_s: float = Field(default=3600.0, gt=0, description="Seconds one LLM request may take.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Model directory (tokenizer.json, and tokenizer_config.json or chat_template.jinja) of the "
+        "backends' tokenizer and chat template: chats are tokenized in the server with it when it gives the ids "
+        "of each backend's /tokenize. Default: the model directory a backend reports as its root, else the "
+        "Hugging Face cache's copy of its model (named by its root, else by its served name), else the "
+        "backend's /tokenize.",
+    )
     tool_call_format: ToolCallFormatName = Field(
         default="auto",
         description="How the models write tool calls: the gateway parses replies and renders past calls in "
-        "it, the shared agent loop asks for it. auto: hermes (no backend tells its chat template yet).",
+        "it, the shared agent loop asks for it. auto: the family of the chat template of each backend's tokenizer "
+        "when the server tokenizes its chats (see --tokenizer), else hermes.",
     )
     llm_max_failovers: int = Field(
         default=3,

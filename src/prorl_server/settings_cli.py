@@ -42,6 +42,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "llm_failure_threshold",
         "llm_breaker_cooldown_s",
         "llm_stall_timeout_s",
+        "tokenizer",
         "tool_call_format",
     ),
     "LLM judge": (

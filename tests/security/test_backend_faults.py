@@ -66,10 +66,24 @@ def wait_until(predicate, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def two_backends(start_backend, start_server, **settings):
-    """A backend told to misbehave (first registered, so a lone job is placed there) and a good one."""
+def two_backends(start_backend, start_server, models_fault: Fault | None = None, **settings):
+    """A backend told to misbehave (first registered, so a lone job is placed there) and a good one.
+
+    The server reads `/v1/models` at a backend's first passing health check, before any job; a
+    `models_fault` is therefore injected before the server starts, into every read of it (the job's too)."""
     faulty, good = start_backend(report_vocab_size=True), start_backend(report_vocab_size=True)
+    if models_fault is not None:
+        faulty.double.inject(Endpoint.MODELS, *[models_fault] * 50)
     return faulty, good, start_server([faulty.address, good.address], handlers=handlers(), **settings)
+
+
+def inject(start_backend, start_server, endpoint: Endpoint, fault: Fault):
+    """`two_backends` whose faulty one answers `endpoint` with `fault` (its next answer; for /v1/models, all)."""
+    if endpoint is Endpoint.MODELS:
+        return two_backends(start_backend, start_server, models_fault=fault)
+    faulty, good, server = two_backends(start_backend, start_server)
+    faulty.double.inject(endpoint, fault)
+    return faulty, good, server
 
 
 def assert_completed_on(result: dict, address: str) -> None:
@@ -247,8 +261,7 @@ def test_out_of_range_ids_fail_over_in_every_format(start_backend, start_server,
     ],
 )
 def test_malformed_tokenize_or_models_answer_fails_over(start_backend, start_server, endpoint, fault):
-    faulty, good, server = two_backends(start_backend, start_server)
-    faulty.double.inject(endpoint, fault)
+    faulty, good, server = inject(start_backend, start_server, endpoint, fault)
     result = process(server, job())
     assert_completed_on(result, good.address)
     assert listing(server)[faulty.address]["consecutive_failures"] == 1
@@ -279,8 +292,7 @@ def test_malformed_detokenize_answer_fails_over(start_backend, start_server, fau
     ],
 )
 def test_oversized_answer_is_refused_unread_and_fails_over(start_backend, start_server, endpoint, fault, data_source):
-    faulty, good, server = two_backends(start_backend, start_server)
-    faulty.double.inject(endpoint, fault)
+    faulty, good, server = inject(start_backend, start_server, endpoint, fault)
     result = process(server, job(data_source))
     assert result["status"] == "completed", result["error"]
     if endpoint is not Endpoint.DETOKENIZE:  # detokenize comes after a turn on the faulty backend

@@ -1,10 +1,12 @@
 """The agent loop shared by handlers: generate, parse tool calls, run them in the sandbox, repeat.
 
 Token ids only: the prompt is the chat template of the system prompt (the task's instructions plus the
-tool schemas and how to call them, in the job's tool-call format: Hermes unless the server's
-`--tool-call-format` or the loop's `tool_format` says otherwise) and the first user message, or a list of messages (few-shot turns);
-after that every turn appends the sampled ids and the template delta of the observations (`LLMSession`),
-never a re-tokenization of model output.
+tool schemas and how to call them, in the job's tool-call format: the loop's `tool_format`, else the
+server's `--tool-call-format`, whose `auto` is the family of the job's backend's chat template, Hermes
+when it is unknown) and the first user message, or a list of messages (few-shot turns); after that every
+turn appends the sampled ids and the template delta of the observations (`LLMSession`), never a
+re-tokenization of model output. Turns are sampled with `skip_special_tokens: false` (unless the trainer's
+sampling params say otherwise), so that calls written with special tokens reach the parser.
 
 The episode ends when a tool ends it (`stop_reason="submitted"`: the submitting tool, or a tool returning
 `ToolResult(done=True)`), after `max_turns` turns ("max_turns"), when the next turn could not fit the
@@ -31,7 +33,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prorl_server.agent.tool_formats import HERMES, MalformedCall, ToolCall, ToolCallFormat, tool_format
+from prorl_server.agent.tool_formats import (
+    HERMES,
+    MalformedCall,
+    ToolCall,
+    ToolCallFormat,
+    backend_format,
+    keep_call_markers,
+    tool_format,
+)
 from prorl_server.agent.tools import Tool, ToolArgumentError, ToolResult
 from prorl_server.handlers.context import JobContext
 
@@ -116,9 +126,11 @@ class AgentLoop:
         if self.tool_format is not None:
             tool_format(self.tool_format)  # an unknown name fails here, not in the first job
 
-    def call_format(self, ctx: JobContext) -> ToolCallFormat:
-        """The job's tool-call format: the loop's own, else the server's."""
-        return tool_format(self.tool_format or ctx.tool_call_format)
+    async def call_format(self, ctx: JobContext) -> ToolCallFormat:
+        """The job's tool-call format: the loop's own, else the server's; `auto` is the family of the chat
+        template of the job's backend (Hermes when it is not known or not recognised)."""
+        name = self.tool_format or ctx.tool_call_format
+        return backend_format(name, await ctx.llm.chat_template() if name == "auto" else None)
 
     def system_instructions(self, agent_config: dict[str, Any]) -> str:
         """The instructions of the system prompt (before the tool schemas), given the trainer's
@@ -138,7 +150,7 @@ class AgentLoop:
         """
         config = ctx.agent_config
         max_turns = int(config.get("max_turns") or self.max_turns)
-        call_format = self.call_format(ctx)
+        call_format = await self.call_format(ctx)
         system = {"role": "system", "content": tools_prompt(self.system_instructions(config), self.tools, call_format)}
         await ctx.llm.start([system, *_conversation(task)])
         limit = config.get("max_context_length") or await ctx.llm.context_limit()
@@ -148,7 +160,7 @@ class AgentLoop:
             if overrides is None:
                 result.stop_reason = "context_length"
                 break
-            turn = await ctx.llm.generate(**overrides)
+            turn = await ctx.llm.generate(**{**keep_call_markers(ctx.sampling_params), **overrides})
             result.turns += 1
             observations, stop = await self._act(ctx, call_format, turn.text, result)
             if stop is not None:

@@ -22,6 +22,7 @@ from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
+from prorl_server.llm.local_tokenizer import TokenizerCache
 from prorl_server.llm.pause_lease import PauseLease
 from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
 from prorl_server.observability import ServerMetrics
@@ -122,6 +123,8 @@ class ServerState:
             retry=RetryPolicy(budget_s=settings.llm_retry_budget_s),
             stall_timeout_s=settings.llm_stall_timeout_s,
             max_inflight_per_backend=settings.max_inflight_per_backend,
+            tokenizer_cache=TokenizerCache(),
+            tokenizer_path=settings.tokenizer,
         )
         for address in settings.llm_servers:
             backends.add(address)
@@ -235,7 +238,7 @@ def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: Dis
         operator_key=settings.api_key,
         dispatch=dispatch,
         public_url=settings.gateway_public_url(),
-        tool_format=tool_format(settings.tool_call_format),
+        tool_format=None if settings.tool_call_format == "auto" else tool_format(settings.tool_call_format),
     )
 
 

@@ -1,15 +1,21 @@
 """SessionBridge: one gateway session served on a Unix socket of its own, for a sandbox without network.
 
 The socket is bound into the sandbox, where the execution server relays `127.0.0.1:<port>` to it
-(tools/relay.py), so that an OpenAI client inside reaches `http://127.0.0.1:<port>/v1`. The bridge is the
-trusted end and decides everything; what the sandbox sends is untrusted:
+(tools/relay.py), so that an OpenAI client inside reaches `http://127.0.0.1:<port>/v1` and an Anthropic
+client `http://127.0.0.1:<port>`. The bridge is the trusted end and decides everything; what the sandbox
+sends is untrusted:
 
-- only `POST /v1/chat/completions`, `POST /v1/responses` and `GET /v1/models` pass (no query string); anything else is a 404 in
-  OpenAI's error shape. Each goes to the session's own base URL: the session is fixed by the socket, never
-  by the path, so no other session, no trainer endpoint and no backend can be named from inside;
-- the bridge sends the session's key itself (`Authorization`), whatever the sandbox sends: the sandbox
-  never holds a key (its `OPENAI_API_KEY` is a placeholder), so nothing it learns opens anything elsewhere;
-  only `Content-Type` of its headers is passed on;
+- only the ROUTES pass: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (also with
+  the query `?beta=true`, which the beta client of Anthropic's TypeScript SDK, Claude Code's, adds; forwarded
+  as the plain path) and `GET /v1/models`, with no other query string; anything else is a 404. Each goes to
+  the session's own base URL: the session is fixed by the socket, never by the path, so no other session,
+  no trainer endpoint and no backend can be named from inside;
+- the errors the bridge gives itself are in Anthropic's shape (`{"type": "error", "error": {...}}`) for a
+  path under `/v1/messages`, else in OpenAI's, so that either SDK raises the matching exception;
+- the bridge sends the session's key itself (`Authorization`), whatever the sandbox sends (`Authorization`,
+  `x-api-key`): the sandbox never holds a key (its `OPENAI_API_KEY` and `ANTHROPIC_API_KEY` are
+  placeholders), so nothing it learns opens anything elsewhere; only `Content-Type` of its headers is
+  passed on;
 - a body over `max_body_bytes` (the gateway's `--gateway-max-body-bytes`) gets 413 before it is forwarded;
   a request head still incomplete at MAX_HEAD_BYTES (so a head is at most that plus one read of CHUNK
   bytes), malformed HTTP, or READ_TIMEOUT_S without a byte while a request is due closes the connection;
@@ -33,13 +39,18 @@ from pathlib import Path
 import h11
 import httpx
 
+from prorl_server.gateway.anthropic.errors import anthropic_error
 from prorl_server.gateway.errors import GatewayError
 
 ROUTES = {
     ("POST", "/v1/chat/completions"): "/chat/completions",
     ("POST", "/v1/responses"): "/responses",
+    ("POST", "/v1/messages"): "/messages",
+    ("POST", "/v1/messages?beta=true"): "/messages",
     ("GET", "/v1/models"): "/models",
 }
+"""(method, target) -> the path under the session's base URL it is forwarded to."""
+ANTHROPIC_PATH = "/v1/messages"
 MAX_CONNECTIONS = 16
 MAX_HEAD_BYTES = 16 * 1024
 READ_TIMEOUT_S = 60.0
@@ -57,8 +68,8 @@ class _Refused(Exception):
 
 
 class SessionBridge:
-    """Serves one session's OpenAI paths on a Unix socket, forwarding them to `upstream` (the session's base
-    URL, ending in `/v1`) with its `api_key`. Open with `await SessionBridge.open(...)`."""
+    """Serves one session's OpenAI and Anthropic paths on a Unix socket, forwarding them to `upstream` (the
+    session's base URL, ending in `/v1`) with its `api_key`. Open with `await SessionBridge.open(...)`."""
 
     def __init__(self, upstream: str, api_key: str, max_body_bytes: int, directory: Path) -> None:
         self.upstream = upstream.rstrip("/")
@@ -146,7 +157,7 @@ class SessionBridge:
                 suffix = self._route(request)
                 body = await self._body(connection, reader, request)
             except _Refused as refused:
-                await _send_error(connection, writer, refused.error)
+                await _send_error(connection, writer, request, refused.error)
                 return
             if not await self._forward(connection, reader, writer, request, suffix, body):
                 return
@@ -158,12 +169,10 @@ class SessionBridge:
         """The upstream path of an allowed request (404 for anything else)."""
         suffix = ROUTES.get((request.method.decode(), request.target.decode(errors="replace")))
         if suffix is None:
+            served = ", ".join(f"{method} {target}" for method, target in ROUTES)
             raise _Refused(
                 GatewayError(
-                    404,
-                    "this address serves only POST /v1/chat/completions, POST /v1/responses and GET /v1/models "
-                    "of the sandbox's own gateway session",
-                    code="not_found",
+                    404, f"this address serves only {served} of the sandbox's own gateway session", code="not_found"
                 )
             )
         return suffix
@@ -220,7 +229,7 @@ class SessionBridge:
             response = sending.result()
         except httpx.HTTPError as exc:
             error = GatewayError(502, f"the gateway did not answer: {exc}", type="server_error")
-            await _send_error(connection, writer, error)
+            await _send_error(connection, writer, request, error)
             return False
         try:
             out = [(b"content-type", response.headers.get("content-type", "application/json").encode())]
@@ -253,14 +262,19 @@ async def _send(connection: h11.Connection, writer: asyncio.StreamWriter, event:
         await writer.drain()
 
 
-async def _send_error(connection: h11.Connection, writer: asyncio.StreamWriter, error: GatewayError) -> None:
-    """Answer with `error` in OpenAI's shape and end the connection."""
+async def _send_error(
+    connection: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, error: GatewayError
+) -> None:
+    """Answer `request` with `error` (in Anthropic's shape on its path, else OpenAI's) and end the connection."""
     if connection.our_state is not h11.SEND_RESPONSE:
         return
-    body = json.dumps(error.body.model_dump()).encode()
+    path = request.target.decode(errors="replace").split("?", 1)[0]
+    if path == ANTHROPIC_PATH or path.startswith(f"{ANTHROPIC_PATH}/"):
+        status, shaped = anthropic_error(error)
+    else:
+        status, shaped = error.status, error.body
+    body = json.dumps(shaped.model_dump()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await _send(
-        connection, writer, h11.Response(status_code=error.status, headers=[*headers, (b"connection", b"close")])
-    )
+    await _send(connection, writer, h11.Response(status_code=status, headers=[*headers, (b"connection", b"close")]))
     await _send(connection, writer, h11.Data(data=body))
     await _send(connection, writer, h11.EndOfMessage())

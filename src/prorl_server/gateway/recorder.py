@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_server.agent.tool_formats import HERMES, ToolCallFormat
+from prorl_server.agent.tool_formats import ToolCallFormat, backend_format, keep_call_markers
 from prorl_server.gateway.errors import GatewayError, bad_request
 from prorl_server.gateway.messages import (
     MessageKey,
@@ -68,8 +68,9 @@ class ConversationRecorder:
     job's are, under `job_id`).
 
     `sampling_params` are the trainer's; a harness's sampling field is used only when it is in
-    `harness_params`. Tool calls are parsed and rendered in `tool_format`. Calls are recorded one at a
-    time, in arrival order.
+    `harness_params`. Tool calls are parsed and rendered in `tool_format` (None: `--tool-call-format auto`,
+    the family of the pinned backend's chat template, decided when the first segment starts). Calls are
+    recorded one at a time, in arrival order.
     """
 
     def __init__(
@@ -83,7 +84,7 @@ class ConversationRecorder:
         max_failovers: int = 3,
         dispatch: DispatchPolicy | None = None,
         data_source: str = "",
-        tool_format: ToolCallFormat = HERMES,
+        tool_format: ToolCallFormat | None = None,
     ) -> None:
         self.job_id = job_id
         self.tool_format = tool_format
@@ -123,12 +124,14 @@ class ConversationRecorder:
         async with self._lock:
             try:
                 turn_session = await self._place(request, keys, tools, tools_key)
-                turn = await turn_session.generate(**overrides)
+                markers = keep_call_markers(turn_session.sampling_params) if parse_calls else {}
+                turn = await turn_session.generate(**{**markers, **overrides})
             except GatewayError:  # bad input: no call was made
                 raise
             except BaseException:
                 self.failed_calls += 1
                 raise
+            assert self.tool_format is not None  # decided when the first segment started
             reply = reply_of(turn.text, parse_calls, self.tool_format, tools)
             reply_k = reply_key(reply)
             self._remember(reply_k, turn.text)
@@ -178,6 +181,8 @@ class ConversationRecorder:
         if self._closed:
             raise SessionFinished(f"session {self.job_id} is closed")
         segment = self._new_segment()
+        if self.tool_format is None:  # auto: the family of the backend the session is pinned to now
+            self.tool_format = backend_format("auto", await segment.chat_template())
         await segment.start([self._template(m, k) for m, k in zip(request.messages, keys, strict=True)], tools)
         if self._closed:  # closed meanwhile: this segment must not pin the backend again
             segment.finish()
@@ -201,6 +206,7 @@ class ConversationRecorder:
         )
 
     def _template(self, message: Any, key: MessageKey) -> dict[str, Any]:
+        assert self.tool_format is not None  # decided before any message is templated
         return template_message(message, self._sampled.get(key), self.tool_format)
 
     def _remember(self, key: MessageKey, text: str) -> None:

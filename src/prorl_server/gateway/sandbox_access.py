@@ -2,10 +2,13 @@
 
 `sandbox_spec()` adds to a sandbox's spec the bind of a `SessionBridge`'s socket (at SANDBOX_SOCKET) and
 the variables an OpenAI client reads (`OPENAI_BASE_URL=http://127.0.0.1:SANDBOX_PORT/v1`, `OPENAI_API_KEY`
-a placeholder, since the bridge sends the session's key itself, and `OPENAI_MODEL`); once the sandbox is up, `start_relay()` has its execution server listen on that port
-(tools/relay.py). Every process of the sandbox then reaches its own session, and only it: the bridge on the
-host fixes the session and refuses every other path. `JobContext.start_sandbox(spec, gateway=access)` does
-all of it (docs/gateway.md, "From inside a sandbox").
+a placeholder, since the bridge sends the session's key itself, and `OPENAI_MODEL`) and their Anthropic
+counterparts (`ANTHROPIC_BASE_URL=http://127.0.0.1:SANDBOX_PORT`, without `/v1`: Anthropic's clients add
+`/v1/messages`; `ANTHROPIC_API_KEY`, the same placeholder; `ANTHROPIC_MODEL`); once the sandbox is up,
+`start_relay()` has its execution server listen on that port (tools/relay.py). Every process of the
+sandbox then reaches its own session, and only it: the bridge on the host fixes the session and refuses
+every other path. `JobContext.start_sandbox(spec, gateway=access)` does all of it (docs/gateway.md, "From
+inside a sandbox").
 """
 
 from __future__ import annotations
@@ -20,16 +23,21 @@ if TYPE_CHECKING:
 
 SANDBOX_SOCKET = "/run/prorl/gateway.sock"
 SANDBOX_PORT = 8642
-ENV_BASE_URL = "OPENAI_BASE_URL"
-ENV_API_KEY = "OPENAI_API_KEY"
-ENV_MODEL = "OPENAI_MODEL"
 PLACEHOLDER_KEY = "sk-prorl-sandbox"
-"""The sandbox's `OPENAI_API_KEY`: OpenAI clients want one; the bridge replaces it with the session's."""
+"""The sandbox's `OPENAI_API_KEY` and `ANTHROPIC_API_KEY`: clients want one; the bridge sends the session's."""
 
 
 def gateway_env(model: str) -> dict[str, str]:
-    """The variables that point an OpenAI client in the sandbox at its session."""
-    return {ENV_BASE_URL: f"http://127.0.0.1:{SANDBOX_PORT}/v1", ENV_API_KEY: PLACEHOLDER_KEY, ENV_MODEL: model}
+    """The variables that point an OpenAI or Anthropic client in the sandbox at its session."""
+    address = f"http://127.0.0.1:{SANDBOX_PORT}"
+    return {
+        "OPENAI_BASE_URL": f"{address}/v1",
+        "OPENAI_API_KEY": PLACEHOLDER_KEY,
+        "OPENAI_MODEL": model,
+        "ANTHROPIC_BASE_URL": address,
+        "ANTHROPIC_API_KEY": PLACEHOLDER_KEY,
+        "ANTHROPIC_MODEL": model,
+    }
 
 
 def check_spec(spec: SandboxSpec) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from prorl_server.agent.tool_formats import HERMES, ToolCallFormat
+from prorl_server.agent.tool_formats import ToolCallFormat
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
 from prorl_server.gateway.protocol import MAX_HARNESS_MODELS, OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
@@ -149,7 +149,8 @@ def session_closed() -> GatewayError:
 
 
 class SessionRegistry:
-    """The open gateway sessions of one server (their replies' tool calls in `tool_format`)."""
+    """The open gateway sessions of one server (their replies' tool calls in `tool_format`; None: each
+    session's backend's, `--tool-call-format auto`)."""
 
     def __init__(
         self,
@@ -159,7 +160,7 @@ class SessionRegistry:
         operator_key: str | None = None,
         dispatch: DispatchPolicy | None = None,
         public_url: str | None = None,
-        tool_format: ToolCallFormat = HERMES,
+        tool_format: ToolCallFormat | None = None,
     ) -> None:
         self.pool = pool
         self.tool_format = tool_format

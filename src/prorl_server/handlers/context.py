@@ -39,8 +39,9 @@ LATE_RELEASE_WAIT_S = 30.0  # a worker thread waits this long for a cleanup it r
 @dataclass(frozen=True)
 class GatewayAccess:
     """How an OpenAI-client agent reaches its job's gateway session: give it `base_url` and `api_key` (as
-    `OPENAI_BASE_URL` and `OPENAI_API_KEY`) and have it ask for `model`; for an agent in a sandbox without
-    network, pass it to `start_sandbox(spec, gateway=...)` instead."""
+    `OPENAI_BASE_URL` and `OPENAI_API_KEY`; an Anthropic client `base_url` without `/v1`) and have it ask
+    for `model`; for an agent in a sandbox without network, pass it to `start_sandbox(spec, gateway=...)`
+    instead."""
 
     session_id: str
     base_url: str
@@ -67,7 +68,7 @@ class JobContext:
     - `artifacts`: anything RUN produces for EVAL and for the trainer (a diff, an answer); returned.
     - `state`: private scratch space shared by the job's stages; not returned.
     - `tool_call_format`: how the model writes tool calls (the server's `--tool-call-format`; the shared
-      agent loop's default).
+      agent loop's default; `auto`: the family of the job's backend's chat template).
     """
 
     job_id: str
@@ -141,9 +142,10 @@ class JobContext:
         JobFinished; a sandbox whose start completes after the job ended is closed at once (JobFinished).
 
         With `gateway` (from `gateway_session()`), every process of the sandbox has `OPENAI_BASE_URL`,
-        `OPENAI_API_KEY` (a placeholder; the host adds the session's key) and `OPENAI_MODEL` set, and
-        reaches that session, and nothing else of the host, through a socket bound in (docs/gateway.md,
-        "From inside a sandbox"); the spec's network must be `none`.
+        `OPENAI_API_KEY` (a placeholder; the host adds the session's key) and `OPENAI_MODEL` set, and the
+        same as `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, `ANTHROPIC_MODEL`, and reaches that session, and
+        nothing else of the host, through a socket bound in (docs/gateway.md, "From inside a sandbox"); the
+        spec's network must be `none`.
         """
         if self._sandboxes is None:
             raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from prorl_server.llm.circuit import CircuitBreaker
+from prorl_server.llm.local_tokenizer import ChatTokenizer
 from prorl_server.protocol import LLMServerInfo
 
 
@@ -20,6 +21,9 @@ class Backend:
     model: str | None = None
     max_model_len: int | None = None  # the served model's context length, when the backend says
     vocab_size: int | None = None  # its vocabulary size, when the backend says
+    root: str | None = None  # where the backend loaded its model from (vLLM's `root` in /v1/models)
+    tokenization: Literal["local", "backend"] | None = None  # once decided (BackendPool.resolve_model)
+    chat_tokenizer: ChatTokenizer | None = None  # with "local": the tokenizer its chats are tokenized with
     assigned: int = 0
     in_flight: int = 0  # jobs pinned to it
     calls_in_flight: int = 0  # calls sent to it and not yet over
@@ -49,4 +53,5 @@ class Backend:
             circuit=self.breaker.state.value,
             consecutive_failures=self.breaker.consecutive_failures,
             tokens_per_s=self.tokens_per_s,
+            tokenization=self.tokenization,
         )

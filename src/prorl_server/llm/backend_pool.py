@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
@@ -15,10 +16,12 @@ from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
 from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
-from prorl_server.llm.errors import NoBackendAvailable
+from prorl_server.llm.errors import LLMError, NoBackendAvailable
+from prorl_server.llm.local_tokenizer import ChatTokenizer, TokenizerCache
 from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
+from prorl_server.llm.tokenizer_check import TokenizerChoice, choose_tokenizer
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.scheduling.view import TrajectoryView
 
@@ -45,6 +48,12 @@ class BackendPool:
     decides whether it returns. Health checks are a separate verdict: a backend failing them is out of
     placement until one passes, and only when every registered backend fails them does the server
     refuse new jobs. Jobs pinned to a backend that left placement are re-placed on their next call.
+
+    With a `tokenizer_cache`, each backend's chat tokenization is decided once, with its model (at its
+    first health check or call): in the server when a local tokenizer (`tokenizer_path`, else found from
+    the model, `local_tokenizer.find_tokenizer_dir`) gives the backend's own ids on every probe
+    (`tokenizer_check`), else by the backend's `/tokenize`; each decision is logged and told to
+    `on_tokenization`. Without one, every backend tokenizes.
     """
 
     def __init__(
@@ -57,8 +66,13 @@ class BackendPool:
         retry: RetryPolicy | None = None,
         stall_timeout_s: float | None = None,
         max_inflight_per_backend: int | None = None,
+        tokenizer_cache: TokenizerCache | None = None,
+        tokenizer_path: str | None = None,
     ) -> None:
         self.client = client
+        self.tokenizer_cache = tokenizer_cache
+        self.tokenizer_path = tokenizer_path
+        self._deciding: dict[Backend, concurrent.futures.Future[None]] = {}
         self.max_inflight_per_backend = max_inflight_per_backend
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
         self.retry = retry or RetryPolicy()
@@ -79,6 +93,8 @@ class BackendPool:
         # metrics: each answered completion (address, prompt tokens, output tokens, seconds), each failed request
         self.on_completion: Callable[[str, int, int, float], None] | None = None
         self.on_failure: Callable[[str], None] | None = None
+        # each backend's tokenization decision: (address, "local" or why not: not_found, unloadable, differs)
+        self.on_tokenization: Callable[[str, str], None] | None = None
 
     # registration -----------------------------------------------------------------------------
 
@@ -269,6 +285,17 @@ class BackendPool:
         self._pins[job_id] = chosen
         return Lease(chosen, chosen.breaker.start_request())
 
+    def local_tokenizer(self, job_id: str) -> ChatTokenizer | None:
+        """The tokenizer the job's chats are tokenized with in the server: its pinned backend's, while that
+        is placeable; unpinned, the one every placeable backend shares. None when the backend's /tokenize
+        is to be used."""
+        with self._lock:
+            pinned = self._pins.get(job_id)
+            if pinned is not None and self._backends.get(pinned.address) is pinned and pinned.placeable:
+                return pinned.chat_tokenizer
+            shared = {id(b.chat_tokenizer): b.chat_tokenizer for b in self._backends.values() if b.placeable}
+            return next(iter(shared.values())) if len(shared) == 1 else None
+
     def release(self, job_id: str) -> None:
         """Unpin a job (idempotent)."""
         with self._lock:
@@ -383,13 +410,73 @@ class BackendPool:
             self._cache[(backend.address, key)] = value
 
     async def resolve_model(self, backend: Backend) -> str | None:
-        """The served model name (and context length, vocabulary size), asked once per backend."""
+        """The served model name (and context length, vocabulary size, root), asked once per backend; then,
+        with a tokenizer cache, its tokenization decided once (a call that comes meanwhile waits for it)."""
         if backend.model is None:
             served = await self.client.served_model(backend.address, timeout_s=self.short_call_timeout)
             with self._lock:
                 backend.max_model_len, backend.vocab_size = served.max_model_len, served.vocab_size
+                backend.root = served.root
                 backend.model = served.id
+        if self.tokenizer_cache is not None and backend.tokenization is None:
+            await self._decide_tokenization(backend)
         return backend.model
+
+    async def _decide_tokenization(self, backend: Backend) -> None:
+        """Decide how `backend`'s chats are tokenized (once; concurrent callers, on any loop, wait for the
+        first). A backend whose probe request fails (unreachable, 5xx, stalled; not a refusal) stays undecided
+        (its /tokenize is used) and is probed again at its next call or health check."""
+        assert self.tokenizer_cache is not None
+        with self._lock:
+            pending = self._deciding.get(backend)
+            first = pending is None
+            if pending is None:
+                pending = self._deciding[backend] = concurrent.futures.Future()
+        if not first:
+            await asyncio.wrap_future(pending)
+            return
+        try:
+            choice = await choose_tokenizer(
+                self.tokenizer_cache,
+                self.tokenizer_path,
+                backend.root,
+                backend.model,
+                lambda messages, add_generation_prompt, tools: self.client.tokenize_messages(
+                    backend.address,
+                    backend.model,
+                    messages,
+                    add_generation_prompt=add_generation_prompt,
+                    tools=tools,
+                    vocab_size=backend.vocab_size,
+                    timeout_s=self.short_call_timeout,
+                ),
+            )
+        except LLMError as exc:
+            log.info("LLM backend %s: tokenization not decided yet (probing it failed: %s)", backend.address, exc)
+        else:
+            self._settle_tokenization(backend, choice)
+        finally:
+            with self._lock:
+                del self._deciding[backend]
+            pending.set_result(None)
+
+    def _settle_tokenization(self, backend: Backend, choice: TokenizerChoice) -> None:
+        with self._lock:
+            backend.chat_tokenizer = choice.tokenizer
+            backend.tokenization = "local" if choice.tokenizer is not None else "backend"
+        if choice.tokenizer is not None:
+            log.info("LLM backend %s: chats tokenized in the server with %s", backend.address, choice.detail)
+        elif choice.reason == "not_found":
+            log.info("LLM backend %s: chats tokenized by its /tokenize: %s", backend.address, choice.detail)
+        else:
+            log.warning(
+                "LLM backend %s: chats tokenized by its /tokenize, not in the server (%s): %s",
+                backend.address,
+                choice.reason,
+                choice.detail,
+            )
+        if self.on_tokenization is not None:
+            self.on_tokenization(backend.address, choice.reason)
 
     # health -------------------------------------------------------------------------------------
 
@@ -399,6 +486,7 @@ class BackendPool:
         backends = self.backends() if backends is None else backends
         started = time.monotonic()
         results = await asyncio.gather(*(self.client.healthy(b.address) for b in backends))
+        undecided: list[Backend] = []
         for backend, (ok, error) in zip(backends, results, strict=True):
             with self._lock:
                 self._probed_at[backend.address] = started
@@ -409,12 +497,22 @@ class BackendPool:
                     backend.last_error = error
                 elif backend.breaker.state is CircuitState.CLOSED and not backend.breaker.consecutive_failures:
                     backend.last_error = None
+            if ok and self.tokenizer_cache is not None and backend.tokenization is None:
+                undecided.append(backend)
             if half_open:
                 log.info("LLM backend %s passed a health check; one trial request may go to it", backend.address)
             if ok and not was:
                 log.info("LLM backend %s is healthy again", backend.address)
             elif was and not ok:
                 log.warning("LLM backend %s failed its health check: %s", backend.address, error)
+        await asyncio.gather(*(self._resolve_quietly(b) for b in undecided))
+
+    async def _resolve_quietly(self, backend: Backend) -> None:
+        """Resolve a newly healthy backend's model and tokenization now rather than at its first call."""
+        try:
+            await self.resolve_model(backend)
+        except LLMError as exc:
+            log.info("LLM backend %s: model not resolved yet: %s", backend.address, exc)
 
     def _trials_due(self) -> list[Backend]:
         """Open circuits whose cooldown ended after their last probe: probing them now starts a trial."""

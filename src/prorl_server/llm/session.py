@@ -2,9 +2,10 @@
 
 The model's output is never decoded and re-encoded: the next prompt is the previous prompt plus the
 sampled ids plus the ids of the new messages. Those ids are the chat-template delta,
-`template(base + new, add_generation_prompt=True)` minus `template(base)`, computed by the backend's
-`/tokenize` on a fixed two-message base (so each turn costs one small tokenize call, not a
-re-tokenization of the whole history). When the sampled ids do not end with the tokens the template
+`template(base + new, add_generation_prompt=True)` minus `template(base)`, computed on a fixed
+two-message base (so each turn tokenizes a few small messages, not the whole history): in the server when
+the pool verified a local tokenizer for the backend (`BackendPool.local_tokenizer`, no request), else by
+the backend's `/tokenize`. When the sampled ids do not end with the tokens the template
 puts after an assistant message (for example the newline after `<|im_end|>`, or the whole end-of-turn
 marker when generation stopped on length), the missing ones are inserted as observation tokens, so the
 stream equals what the template would give for the same messages.
@@ -13,6 +14,7 @@ stream equals what the template would give for the same messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -30,8 +32,11 @@ from prorl_server.llm.errors import (
     NoBackendAvailable,
     SessionFinished,
 )
+from prorl_server.llm.local_tokenizer import ChatTokenizer
 from prorl_server.llm.response_limits import requested_tokens
 from prorl_server.llm.token_stream import TokenStream
+from prorl_server.llm.tokenizer_check import BASE as _BASE
+from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
 from prorl_server.protocol import Trajectory, TurnRecord
@@ -43,10 +48,6 @@ T = TypeVar("T")
 
 # The session sets these itself; a trainer's sampling_params cannot override them.
 RESERVED_SAMPLING_KEYS = frozenset({"prompt", "model", "return_token_ids", "logprobs", "stream", "n", "echo"})
-
-_PROBE_USER = {"role": "user", "content": "A"}
-_BASE = [_PROBE_USER, {"role": "assistant", "content": "A"}]
-_BASE_OTHER = [_PROBE_USER, {"role": "assistant", "content": "B"}]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ def _common_suffix_len(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
     return n
+
+
+def _shape(base: list[int], other: list[int]) -> TemplateShape:
+    """The template's shape from the ids of the base and of the base with another assistant reply."""
+    close_len = _common_suffix_len(base, other)
+    return TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
 
 
 class LLMSession:
@@ -152,6 +159,7 @@ class LLMSession:
         self._turn_open = False
         self._finished = False
         self._lock = threading.Lock()
+        self._local_shapes: dict[ChatTokenizer, TemplateShape] = {}
 
     # public API ---------------------------------------------------------------------------------
 
@@ -178,7 +186,7 @@ class LLMSession:
         """Set the prompt: the chat template of `messages` with the generation prompt; returns its ids."""
         if self.tokens.started:
             raise RuntimeError("LLMSession.start() was already called for this job")
-        ids = await self._with_backend(lambda b: self._tokenize_messages(b, messages, True, tools))
+        ids = await self._chat_ids(messages, True, tools)
         self.tokens.set_prompt(ids, messages)
         return ids
 
@@ -260,7 +268,7 @@ class LLMSession:
                 "add_messages() appends observations after a generated turn; put the first messages in start(messages)"
             )
         shape = await self._template_shape()
-        full = await self._with_backend(lambda b: self._tokenize_messages(b, [*_BASE, *messages], True))
+        full = await self._chat_ids([*_BASE, *messages], True)
         if full[: len(shape.base_ids)] != shape.base_ids:
             raise ChatTemplateError(
                 "the backend's chat template renders earlier messages differently once new ones are "
@@ -279,6 +287,14 @@ class LLMSession:
             return backend.max_model_len
 
         return await self._with_backend(limit)
+
+    async def chat_template(self) -> str | None:
+        """The pinned backend's chat template when the server tokenizes its chats (None: not known here)."""
+
+        async def template(backend: Backend) -> str | None:
+            return backend.chat_tokenizer.chat_template if backend.chat_tokenizer is not None else None
+
+        return await self._with_backend(template)
 
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of plain text, from the pinned backend's tokenizer."""
@@ -306,11 +322,21 @@ class LLMSession:
 
     def _acquire(self, avoid: Collection[str], ticket: Ticket | None = None) -> Lease:
         with self._lock:
-            if self._finished:
-                raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
-            if self.stale is not None:
-                raise StaleRollout(self.stale)
+            self._check_open()
             return self.pool.acquire(self.job_id, avoid, ticket)
+
+    def _local_tokenizer(self) -> ChatTokenizer | None:
+        """The tokenizer to tokenize this job's chats with in the server (`BackendPool.local_tokenizer`);
+        raises as a call to the backend would once the session is finished or stale."""
+        with self._lock:
+            self._check_open()
+        return self.pool.local_tokenizer(self.job_id)
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise SessionFinished(f"job {self.job_id} has already ended; its LLM session is closed")
+        if self.stale is not None:
+            raise StaleRollout(self.stale)
 
     def _check_staleness(self, version: str | int | None) -> None:
         """Raise StaleRollout (policy "end") when a turn sampled under `version` would be more than
@@ -341,17 +367,37 @@ class LLMSession:
         return max(0.0, time.monotonic() - started - clock.queue_s - clock.pause_s)
 
     async def _template_shape(self) -> TemplateShape:
+        local = self._local_tokenizer()
+        if local is not None:
+            shape = self._local_shapes.get(local)
+            if shape is None:
+                base = local.encode_chat(_BASE, add_generation_prompt=False)
+                other = local.encode_chat(_BASE_OTHER, add_generation_prompt=False)
+                shape = self._local_shapes[local] = _shape(base, other)
+            return shape
+
         async def probe(backend: Backend) -> TemplateShape:
             shape = self.pool.cached(backend, "template_shape")
             if shape is None:
                 base = await self._tokenize_messages(backend, _BASE, False)
                 other = await self._tokenize_messages(backend, _BASE_OTHER, False)
-                close_len = _common_suffix_len(base, other)
-                shape = TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
+                shape = _shape(base, other)
                 self.pool.cache(backend, "template_shape", shape)
             return shape
 
         return await self._with_backend(probe)
+
+    async def _chat_ids(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The chat template of `messages` as ids: in the server with the job's local tokenizer (no request),
+        else from the backend's /tokenize (also for messages the local path does not prepare, or that its
+        template refuses: the backend then says why)."""
+        local = self._local_tokenizer()
+        if local is not None and local.accepts(messages):
+            with contextlib.suppress(Exception):  # the backend renders them again and reports the problem
+                return local.encode_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return await self._with_backend(lambda b: self._tokenize_messages(b, messages, add_generation_prompt, tools))
 
     def _tokenize_messages(
         self,

@@ -77,6 +77,7 @@ class ModelCard(_Response):
 
     id: str
     max_model_len: PositiveInt | None = None
+    root: str | None = None
     meta: ModelMeta | None = None
 
 
@@ -100,11 +101,13 @@ class Completion:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A model a backend serves: its id, context length and vocabulary size (None when not reported)."""
+    """A model a backend serves: its id, context length, vocabulary size and `root` (vLLM's: the path or
+    name it loaded the model from); None when not reported."""
 
     id: str
     max_model_len: int | None
     vocab_size: int | None = None
+    root: str | None = None
 
 
 Body = bytes | bytearray | str | dict[str, Any]
@@ -154,7 +157,10 @@ def parse_served_model(body: Body) -> ServedModel:
     """The first model of a `/v1/models` response."""
     card = _validate(ModelList, body, "/v1/models").data[0]
     return ServedModel(
-        id=card.id, max_model_len=card.max_model_len, vocab_size=card.meta.n_vocab if card.meta else None
+        id=card.id,
+        max_model_len=card.max_model_len,
+        vocab_size=card.meta.n_vocab if card.meta else None,
+        root=card.root,
     )
 
 

@@ -110,6 +110,14 @@ class ServerMetrics:
             ["backend"],
             registry=r,
         )
+        self.tokenizer_fallbacks = Counter(
+            "prorl_tokenizer_fallbacks",
+            "Backends whose chats are tokenized by their /tokenize rather than in the server, by reason: "
+            "not_found (no tokenizer for the model), unloadable (its files are missing or malformed), differs "
+            "(its ids differ from the backend's on a probe).",
+            ["reason"],
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             "prorl_llm_prompt_tokens", "Prompt tokens sent in answered completion requests.", ["backend"], registry=r
         )
@@ -146,6 +154,7 @@ class ServerMetrics:
         orchestrator.results.on_acknowledged = self.results_acknowledged.inc
         orchestrator.backends.on_completion = self.completion
         orchestrator.backends.on_failure = self.llm_failure
+        orchestrator.backends.on_tokenization = self.tokenization
         if orchestrator.sandboxes is not None:
             orchestrator.sandboxes.on_start = self.sandbox_started
             orchestrator.sandboxes.on_tool_request = self.tool_request
@@ -174,6 +183,11 @@ class ServerMetrics:
     def llm_failure(self, backend: str) -> None:
         """A completion request failed at a backend."""
         self.llm_failures.labels(backend).inc()
+
+    def tokenization(self, backend: str, reason: str) -> None:
+        """A backend's tokenization was decided: "local", or why its /tokenize is used."""
+        if reason != "local":
+            self.tokenizer_fallbacks.labels(reason).inc()
 
     def tool_request(self, action: str, seconds: float, ok: bool) -> None:
         """A sandbox's execution server answered (or failed) a request."""
@@ -353,13 +367,19 @@ def _backend_gauges(orchestrator: Orchestrator) -> Iterator[Metric]:
         "prorl_backend_calls_in_flight", "Completion calls sent to the backend and not yet over.", labels=["backend"]
     )
     pinned = GaugeMetricFamily("prorl_backend_jobs_pinned", "Jobs pinned to the backend.", labels=["backend"])
+    local = GaugeMetricFamily(
+        "prorl_backend_local_tokenizer",
+        "1 when the backend's chats are tokenized in the server (0: by its /tokenize, or not decided yet).",
+        labels=["backend"],
+    )
     for backend in pool.backends():
         label = [backend.address]
         healthy.add_metric(label, backend.healthy)
         placeable.add_metric(label, backend.placeable)
         calls.add_metric(label, pool.calls_on(backend))
         pinned.add_metric(label, backend.in_flight)
-    yield from (healthy, placeable, calls, pinned)
+        local.add_metric(label, backend.chat_tokenizer is not None)
+    yield from (healthy, placeable, calls, pinned, local)
     waiting, admitted = pool.admission_counts()
     yield _gauge(
         "prorl_llm_calls_waiting_admission",

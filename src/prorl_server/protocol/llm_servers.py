@@ -80,6 +80,11 @@ class LLMServerInfo(BaseModel):
     tokens_per_s: float | None = Field(
         default=None, description="Measured output speed (moving average), which sets its stall timeout."
     )
+    tokenization: Literal["local", "backend"] | None = Field(
+        default=None,
+        description="local: its chats are tokenized in the server with its model's tokenizer; backend: by its "
+        "/tokenize; null until decided (at its first passing health check or call).",
+    )
 
 
 class LLMServerList(BaseModel):

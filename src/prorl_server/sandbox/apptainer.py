@@ -133,9 +133,10 @@ class ApptainerRuntime(ProcessRuntime):
     """Starts Apptainer sandboxes for one server instance (`owner`).
 
     `binary`: the apptainer (or singularity) executable (default: `find_apptainer()`). `host_tools`: bind
-    this host's execution server into the container (False: the image must have it, see images/).
-    `unpack_sif`: run .sif images from a directory unpacked once under `cache_dir` (see the module docstring).
-    `run_as`: the uid and gid sandboxes run as when this process is root (default: `process.SANDBOX_UID`).
+    this host's execution server into the container (False: the image must have it, as the images of
+    `prorl-server build-image` do). `unpack_sif`: run .sif images from a directory unpacked once under
+    `cache_dir` (see the module docstring). `run_as`: the uid and gid sandboxes run as when this process is
+    root (default: `process.SANDBOX_UID`).
     """
 
     name = "apptainer"

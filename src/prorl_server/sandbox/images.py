@@ -9,7 +9,9 @@ A build renders a template (`python`, `swe`, or a path to a `.def.j2` file), sta
 - `lock`: reuse while the template, its variables and the dependency lockfile (pip requirements, installed
   into the image) are unchanged.
 
-`ImageBuilder.explain()` returns the inputs that make up the key. Behind an intercepting HTTPS proxy, `pip_cert`
+Files a definition copies in (a Dockerfile's COPY sources, sandbox/dockerfile.py) are staged with the build
+context (`stage`), and their content is part of the key in every mode. `ImageBuilder.explain()` returns the
+inputs that make up the key. Behind an intercepting HTTPS proxy, `pip_cert`
 (`--pip-cert`, default `$PIP_CERT`) gives the lockfile's pip install a CA bundle, staged with the build
 context (an apptainer run through a wrapper may not see the host's path) and removed from the image after. A local base (a .sif or a root directory,
 e.g. made with debootstrap) is first copied into a .sif without device nodes, once per base content:
@@ -26,7 +28,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +57,12 @@ LOG_TAIL = 3000
 
 
 class ImageBuildError(RuntimeError):
-    """A template could not be rendered or built; the message says what to change."""
+    """A template could not be rendered or built; the message says what to change. `log`: the failed build's
+    full output, when apptainer ran."""
+
+    def __init__(self, message: str, log: Path | None = None) -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,25 @@ def _sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, or of a directory's entries (relative path, mode, bytes or link target)."""
+    if not path.is_dir() or path.is_symlink():
+        return _sha256_file(path)
+    digest = hashlib.sha256()
+    for top, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files) + dirs:
+            entry = Path(top, name)
+            info = entry.lstat()
+            digest.update(f"{entry.relative_to(path)}\0{info.st_mode}\0".encode())
+            if entry.is_symlink():
+                digest.update(os.readlink(entry).encode())
+            elif entry.is_file():
+                digest.update(bytes.fromhex(_sha256_file(entry)))
+            digest.update(b"\n")
     return digest.hexdigest()
 
 
@@ -171,6 +197,7 @@ class ImageBuilder:
         mode: CacheMode = "versioned",
         base: Path | None = None,
         lockfile: Path | None = None,
+        stage: Mapping[str, Path] | None = None,
         **variables: Any,
     ) -> dict[str, Any]:
         """The inputs the cache key is made of in `mode` (in scratch mode: those of versioned, not used)."""
@@ -183,6 +210,8 @@ class ImageBuilder:
             "variables": {**DEFAULTS, **variables},
             "base": str(base) if base else None,
         }
+        if stage:
+            inputs["staged_sha256"] = {name: tree_sha256(path) for name, path in sorted(stage.items())}
         if mode == "lock":
             if lockfile is None:
                 raise ImageBuildError("cache mode 'lock' needs a lockfile (pip requirements with pinned versions)")
@@ -208,23 +237,25 @@ class ImageBuilder:
         lockfile: Path | None = None,
         out: Path | None = None,
         pip_cert: Path | None = None,
+        stage: Mapping[str, Path] | None = None,
         **variables: Any,
     ) -> BuiltImage:
         """Build (or reuse) the image of `template`; with `out`, also place it there (hard link or copy).
 
         `pip_cert`: a CA bundle the lockfile's `pip install` verifies HTTPS with (a network whose HTTPS goes
-        through an intercepting proxy); used by that step only, not left in the image, not in the cache key."""
+        through an intercepting proxy); used by that step only, not left in the image, not in the cache key.
+        `stage`: host files or directories copied into the build context under these relative names."""
         started = time.perf_counter()
         if self.binary is None:
             raise ImageBuildError(NOT_FOUND)
-        inputs = self.explain(template, mode, base, lockfile, **variables)
+        inputs = self.explain(template, mode, base, lockfile, stage, **variables)
         name = Path(template).name.removesuffix(SUFFIX)
         key = None if mode == "scratch" else self.key(inputs)
         target = self.cache_dir / (f"{name}-scratch.sif" if key is None else f"{name}-{key}.sif")
         with _locked(target.with_suffix(".lock")):
             cached = key is not None and target.is_file()
             if not cached:
-                self._build(template, target, base, lockfile, pip_cert, variables)
+                self._build(template, target, base, lockfile, pip_cert, stage or {}, variables)
                 target.with_suffix(".json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
         if out is not None:
             _place(target, out)
@@ -256,6 +287,7 @@ class ImageBuilder:
         base: Path | None,
         lockfile: Path | None,
         pip_cert: Path | None,
+        stage: Mapping[str, Path],
         variables: dict[str, Any],
     ) -> None:
         """Render into a fresh build directory and run apptainer build; the result replaces `target` atomically."""
@@ -266,6 +298,12 @@ class ImageBuilder:
                 shutil.copyfile(lockfile, context / "requirements.lock")
             if pip_cert is not None:  # staged, since apptainer may not see the host's path (a wrapper's root)
                 shutil.copyfile(pip_cert, context / "pip-cert.pem")
+            for name, source in stage.items():
+                (context / name).parent.mkdir(parents=True, exist_ok=True)
+                if source.is_dir():
+                    shutil.copytree(source, context / name, symlinks=True)
+                else:
+                    shutil.copy2(source, context / name)
             definition = self.render(
                 template,
                 **variables,
@@ -294,7 +332,8 @@ class ImageBuilder:
         if done.returncode != 0:
             where = f" (full log: {log})" if log is not None else ""
             raise ImageBuildError(
-                f"apptainer {' '.join(args[:2])} failed with exit status {done.returncode}{where}:\n{output[-LOG_TAIL:]}"
+                f"apptainer {' '.join(args[:2])} failed with exit status {done.returncode}{where}:\n{output[-LOG_TAIL:]}",
+                log,
             )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -35,8 +36,9 @@ from prorl_server.devllm.validation import (
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.simllm.engine import SimEngine, SimTiming
 from prorl_server.simllm.metrics import sim_registry
+from prorl_server.simllm.tokenizer_files import write_tokenizer_files
 
-MODEL_ROOT = "simulated"  # the `root` of the model card: there is no checkpoint
+MODEL_ROOT = "simulated"  # the `root` of the model card without a tokenizer directory: there is no checkpoint
 
 
 class SimCompletionResponse(CompletionResponse):
@@ -61,7 +63,12 @@ def create_app(engine: SimEngine) -> FastAPI:
     app = FastAPI(title="prorl-server simulated LLM backend (vLLM protocol subset)", lifespan=lifespan)
     app.state.engine = engine
     tokenizer = engine.tokenizer
-    card = ModelCard(id=engine.model_name, root=MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len)
+    root = engine.settings.tokenizer_dir
+    if root is not None:
+        write_tokenizer_files(Path(root))
+    card = ModelCard(
+        id=engine.model_name, root=root or MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len
+    )
     add_engine_basics(app, sim_registry(engine), card)
 
     @app.post("/tokenize")

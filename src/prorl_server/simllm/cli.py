@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output-len-sigma", type=float, default=defaults.output_len_sigma, help="lognormal sigma of output lengths"
     )
+    parser.add_argument(
+        "--tokenizer-dir",
+        default=defaults.tokenizer_dir,
+        metavar="DIR",
+        help="write the tokenizer as Hugging Face files to DIR (about 24 MB) and report DIR as the model's root, so a "
+        "prorl-server on this machine tokenizes chats itself",
+    )
     parser.add_argument("--log-level", default=defaults.log_level, choices=["debug", "info", "warning", "error"])
 
 

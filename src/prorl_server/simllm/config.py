@@ -27,6 +27,11 @@ class SimLLMSettings(BaseModel):
     max_model_len: int = Field(default=32768, ge=16, le=10_000_000, description="context length (prompt + output)")
     output_len_median: float = Field(default=256.0, gt=0, description="median of the lognormal output length")
     output_len_sigma: float = Field(default=1.0, ge=0, le=10, description="sigma of the lognormal output length")
+    tokenizer_dir: str | None = Field(
+        default=None,
+        description="write the simulator's tokenizer as Hugging Face files here (tokenizer_files.py: about 24 MB) "
+        "and report the directory as the model's root, so a prorl-server on this machine tokenizes chats itself",
+    )
     log_level: str = "warning"
 
     @field_validator("profile", mode="before")

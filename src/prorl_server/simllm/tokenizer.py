@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_server.devllm.errors import DevLLMRequestError
+from prorl_server.llm.local_tokenizer import without_claude_code_header
 from prorl_server.testing.scripted_backend import ToyChatTokenizer
 
 REPLACEMENT = "\ufffd"
@@ -44,8 +45,9 @@ class SimTokenizer:
         return "".join(self.token_str(i) for i in ids if 0 <= i < self.n_vocab)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """ChatML text of a conversation (tools and template kwargs are not rendered); a 400 for messages
-        that are not `{"role": str, "content": str | null}`."""
+        """ChatML text of a conversation (tools and template kwargs are not rendered; a system message's
+        Claude Code header line left out, as vLLM does); a 400 for messages that are not
+        `{"role": str, "content": str | null}`."""
         if not messages:
             raise DevLLMRequestError(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
@@ -55,4 +57,5 @@ class SimTokenizer:
                 raise DevLLMRequestError(
                     "each message needs a string `role` and a string or null `content`", param="messages"
                 )
-        return self._toy.render(messages, add_generation_prompt)
+        prepared = [{**m, "content": without_claude_code_header(m["role"], m.get("content") or "")} for m in messages]
+        return self._toy.render(prepared, add_generation_prompt)

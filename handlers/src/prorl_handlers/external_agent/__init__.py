@@ -1,4 +1,4 @@
-"""`external_agent`: any OpenAI-speaking command as a task, without writing a handler.
+"""`external_agent`: any OpenAI- or Anthropic-speaking command as a task, without writing a handler.
 
 An instance names the command (the agent), the files to put in its sandbox, a time budget, and how to score::
 
@@ -10,7 +10,9 @@ An instance names the command (the agent), the files to put in its sandbox, a ti
      "score": {"command": "test \\"$(cat answer.txt)\\" = 3", "reward": "exit_code", "files": {}, "timeout_s": 300}}
 
 - RUN opens the job's gateway session (docs/gateway.md), starts a sandbox without network that reaches it
-  (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` set for every process), writes `files` (paths relative
+  (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` and `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`,
+  `ANTHROPIC_MODEL` set for every process: Chat Completions, Responses and Anthropic Messages are each
+  recorded token-exact), writes `files` (paths relative
   to the working directory, /workspace), and runs `command` there in bash within `time_budget_s`; then it
   reads the `collect` files (text, at most 1 MiB each) into `artifacts["files"]` (those missing or too large
   are listed in `artifacts["missing_files"]`). `artifacts["agent"]` has the command's exit code, whether it
@@ -22,12 +24,20 @@ An instance names the command (the agent), the files to put in its sandbox, a ti
   `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and its turns), `rewrites`, `calls`;
   a recording of one segment is also the result's `trajectory`.
 
-The sandbox is the server's default (`--image`); the command runs with that image's programs. `react_agent.py`
-here is an example agent (a ReAct loop over bash with the official `openai` package); `example_instance()`
-makes an instance that runs it. Its sandbox's Python must import `openai`: under bubblewrap without an image
-that is the server's own Python (the `test` extra installs `openai`); for an Apptainer image, build one with
-it: `prorl-server build-image python --lockfile handlers/src/prorl_handlers/external_agent/requirements.txt`
-(docs/gateway.md).
+The sandbox is the server's default (`--image`); the command runs with that image's programs. Three example
+agents are here, each a loop over a `bash` tool written with an official SDK alone (nothing of prorl-server),
+with the same command line (`python3 AGENT "the task" [--max-steps N] [--max-tokens N]`):
+
+- `react_agent.py`: OpenAI Chat Completions (`openai`), tool calls answered by tool messages;
+- `responses_agent.py`: OpenAI Responses (`openai`, `client.responses.create`), `function_call` items
+  answered by `function_call_output` items, the whole conversation sent as input each time;
+- `anthropic_agent.py`: Anthropic Messages (`anthropic`), `tool_use` blocks answered by `tool_result` blocks.
+
+`example_instance(task, score, agent=...)` makes an instance that runs one (`"chat"`, the default,
+`"responses"` or `"anthropic"`). Their sandbox's Python must import `openai` and `anthropic`: under bubblewrap
+without an image that is the server's own Python (the `test` extra installs both); for an Apptainer image,
+build one with them: `prorl-server build-image python --lockfile
+handlers/src/prorl_handlers/external_agent/requirements.txt` (docs/gateway.md).
 """
 
 import shlex
@@ -37,19 +47,26 @@ from typing import Any
 from prorl_handlers.external_agent.handler import ExternalAgentHandler
 from prorl_handlers.external_agent.instance import ExternalAgentInstance, Score
 
-EXAMPLE_AGENT = Path(__file__).parent / "react_agent.py"
+EXAMPLE_AGENTS = {
+    "chat": Path(__file__).parent / "react_agent.py",
+    "responses": Path(__file__).parent / "responses_agent.py",
+    "anthropic": Path(__file__).parent / "anthropic_agent.py",
+}
+"""The example agents by the API they speak."""
 
 
-def example_instance(task: str, score: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """An instance running the example agent on `task` (other instance fields, e.g. `collect`, as keywords)."""
-    files = {"react_agent.py": EXAMPLE_AGENT.read_text(), **fields.pop("files", {})}
+def example_instance(task: str, score: dict[str, Any], agent: str = "chat", **fields: Any) -> dict[str, Any]:
+    """An instance running the example agent `agent` (a key of EXAMPLE_AGENTS) on `task` (other instance
+    fields, e.g. `collect`, as keywords)."""
+    script = EXAMPLE_AGENTS[agent]
+    files = {script.name: script.read_text(), **fields.pop("files", {})}
     return {
         "data_source": "external_agent",
-        "command": f"python3 react_agent.py {shlex.quote(task)}",
+        "command": f"python3 {script.name} {shlex.quote(task)}",
         "files": files,
         "score": score,
         **fields,
     }
 
 
-__all__ = ["EXAMPLE_AGENT", "ExternalAgentHandler", "ExternalAgentInstance", "Score", "example_instance"]
+__all__ = ["EXAMPLE_AGENTS", "ExternalAgentHandler", "ExternalAgentInstance", "Score", "example_instance"]

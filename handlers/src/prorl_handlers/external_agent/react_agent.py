@@ -1,7 +1,8 @@
 """An example agent for `external_agent`: a small ReAct loop over bash, written with the official `openai`
 package and nothing of prorl-server, as any harness would be.
 
-    OPENAI_BASE_URL=... OPENAI_API_KEY=... OPENAI_MODEL=... python3 react_agent.py "the task" [--max-steps N]
+    OPENAI_BASE_URL=... OPENAI_API_KEY=... OPENAI_MODEL=... python3 react_agent.py "the task" \
+        [--max-steps N] [--max-tokens N]
 
 Each step asks the model for the next action; a `bash` tool call is run (in the current directory, with a
 timeout and its output cut to a few thousand characters) and its result sent back as the tool message; a reply
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import subprocess
+from typing import Any
 
 from openai import OpenAI
 
@@ -61,13 +63,14 @@ def call_tool(name: str, arguments: str) -> str:
     return run_bash(args["command"])
 
 
-def solve(task: str, max_steps: int) -> str:
+def solve(task: str, max_steps: int, max_tokens: int | None) -> str:
     """Run the loop until a final answer or `max_steps` model calls; returns the final answer."""
     client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
     model = os.environ.get("OPENAI_MODEL", "policy")
+    limit: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     for _ in range(max_steps):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL])
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL], **limit)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
@@ -82,8 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("task")
     parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, help="max_tokens of each completion (default: the server's)")
     args = parser.parse_args()
-    print(solve(args.task, args.max_steps))
+    print(solve(args.task, args.max_steps, args.max_tokens))
 
 
 if __name__ == "__main__":

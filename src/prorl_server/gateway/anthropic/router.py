@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from prorl_server.api.body import openapi_body
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+from prorl_server.gateway.anthropic.errors import error_response
 from prorl_server.gateway.anthropic.protocol import MessagesRequest
-from prorl_server.gateway.anthropic.serving import error_response, message_events, read_messages_request
+from prorl_server.gateway.anthropic.serving import message_events, read_messages_request
 from prorl_server.gateway.anthropic.translate import chat_request, message_of
 from prorl_server.gateway.errors import GatewayError
 from prorl_server.gateway.serving import complete

@@ -1,4 +1,4 @@
-"""Reading a Messages request, answering errors in Anthropic's shape, and the streamed answer.
+"""Reading a Messages request, and the streamed answer.
 
 A streamed request (`stream: true`) is sampled whole first, as on the OpenAI path (the backend is asked for
 token ids, which only a non-streamed vLLM completion returns), then sent as Anthropic's server-sent events:
@@ -13,24 +13,13 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from prorl_server.gateway.anthropic.protocol import ErrorDetail, ErrorResponse, Message, MessagesRequest, TextOut
-from prorl_server.gateway.errors import GatewayError, bad_request
+from prorl_server.gateway.anthropic.protocol import Message, MessagesRequest, TextOut
+from prorl_server.gateway.errors import bad_request
 from prorl_server.gateway.serving import read_json_object
 from prorl_server.gateway.sessions import GatewayLimits
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-}
-"""Anthropic's error type of a status; a backend failure (the OpenAI path's 503) is 529 `overloaded_error`."""
 
 
 async def read_messages_request(request: Request, limits: GatewayLimits) -> MessagesRequest:
@@ -44,18 +33,6 @@ async def read_messages_request(request: Request, limits: GatewayLimits) -> Mess
         where = _where(error["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise bad_request(f"{where or 'body'}: {error['msg']}{more}"[:500]) from None
-
-
-def error_response(error: GatewayError) -> JSONResponse:
-    """A GatewayError in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`."""
-    status = error.status if error.status in ERROR_TYPES else 529
-    kind = ERROR_TYPES.get(status, "overloaded_error")
-    message = error.body.error.message
-    if error.body.error.param:
-        message = f"{error.body.error.param}: {message}"
-    body = ErrorResponse(error=ErrorDetail(type=kind, message=message))
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 async def message_events(message: Message) -> AsyncIterator[str]:
