@@ -177,7 +177,7 @@ class AgentLoop:
 
     def _turn_budget(self, ctx: JobContext, limit: int | None) -> dict[str, Any] | None:
         """Sampling overrides for the next turn, or None when it cannot fit the context."""
-        used = len(ctx.llm.token_ids)
+        used = ctx.llm.tokens.context_len()  # twice a turn: no copy of the context
         max_tokens = ctx.llm.sampling_params.get("max_tokens")
         if max_tokens is not None:
             return {} if limit is None or used + int(max_tokens) <= limit else None

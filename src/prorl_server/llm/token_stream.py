@@ -35,6 +35,11 @@ class TokenStream:
         with self._lock:
             return self.trajectory.prompt_ids + self.trajectory.response_ids
 
+    def context_len(self) -> int:
+        """The length of `token_ids`, without copying them."""
+        with self._lock:
+            return len(self.trajectory.prompt_ids) + len(self.trajectory.response_ids)
+
     def set_prompt(self, ids: Sequence[int], messages: Sequence[dict[str, Any]] = ()) -> None:
         """Set the prompt ids and record the messages they were made from."""
         with self._lock:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import urllib.request
 import weakref
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
+from pydantic_core import to_json
 
 from prorl_server.llm import response_limits as limits
 from prorl_server.llm.errors import (
@@ -35,7 +37,8 @@ from prorl_server.llm.vllm_protocol import (
     parse_tokens,
 )
 
-_POOL_LIMITS = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+_MAX_CONNECTIONS = 4096
+_KEEPALIVE_S = 5.0  # an idle connection is closed after this (httpx's default)
 # identity: the byte bounds apply to what is held in memory, not to a compressed size
 _HEADERS = {"accept-encoding": "identity", "content-type": "application/json"}
 # names the job a completion is for (percent-encoded): test doubles pick that job's scripted replies by it
@@ -51,10 +54,12 @@ def server_root(address: str) -> str:
 class VLLMClient:
     """Async client for the endpoints the server needs: completions, tokenize, detokenize, models, health.
 
-    An httpx client is bound to the event loop that created it, and every stage pool has its own loop,
-    so connections are kept per loop. Requests go through aiohttp's connection pool (httpx-aiohttp):
-    httpx's own pool loses most of its throughput with dozens of concurrent requests, which is the
-    normal load of a RUN pool. Pass `transport` to run without sockets (tests, benchmarks).
+    A client session is bound to the event loop that created it, and every stage pool has its own loop,
+    so connections are kept per loop. Requests are sent with aiohttp itself: httpx's own pool loses most
+    of its throughput with dozens of concurrent requests, which is the normal load of a RUN pool, and
+    httpx on aiohttp's pool (httpx-aiohttp) spent about twice aiohttp's CPU per request (two requests a
+    turn). Pass `transport` (an httpx transport) to run without sockets (tests, benchmarks): requests
+    then go through an httpx client on it.
     """
 
     def __init__(
@@ -69,21 +74,48 @@ class VLLMClient:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._aiohttp_timeout = aiohttp.ClientTimeout(
+            sock_connect=connect_timeout_s, sock_read=request_timeout_s, connect=request_timeout_s
+        )
 
     def _client(self) -> httpx.AsyncClient:
+        """This loop's httpx client on `transport` (only with one)."""
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            transport = self._transport or AiohttpTransport(limits=_POOL_LIMITS)
-            client = httpx.AsyncClient(timeout=self._timeout, transport=transport, headers=_HEADERS)
+            client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport, headers=_HEADERS)
             self._clients[loop] = client
         return client
 
+    def _session(self) -> aiohttp.ClientSession:
+        """This loop's aiohttp session: no cookies kept; the environment's proxies used as httpx would, if
+        any is set (aiohttp then looks them up, and reads ~/.netrc, at every request: only then)."""
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None:
+            connector = aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, keepalive_timeout=_KEEPALIVE_S)
+            session = aiohttp.ClientSession(
+                connector=connector,
+                headers=_HEADERS,
+                timeout=self._aiohttp_timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=bool(urllib.request.getproxies()),
+            )
+            self._sessions[loop] = session
+        return session
+
     async def aclose_current_loop(self) -> None:
         """Close this loop's connections (call from each loop before it stops)."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
+        session = self._sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
 
     async def call(
         self,
@@ -95,11 +127,43 @@ class VLLMClient:
         headers: dict[str, str] | None = None,
     ) -> bytes | bytearray:
         """The body of a successful answer of at most `limit` bytes, within `timeout_s` (None: no stall limit)."""
+        if self._transport is not None:
+            return await self._call_httpx(method, url, content, limit, timeout_s, headers)
+        stall = asyncio.timeout(timeout_s)
+        try:
+            async with (
+                stall,
+                self._session().request(method, url, data=content, headers=headers, allow_redirects=False) as response,
+            ):
+                if response.status >= 400:
+                    error = await _read_aiohttp(response, url, limits.ERROR_BYTES, truncate=True)
+                    raise _status_error(method, url, response.status, response.headers.get("retry-after"), error)
+                return await _read_aiohttp(response, url, limit)
+        except TimeoutError as exc:
+            if stall.expired():
+                raise BackendStalled(
+                    f"{method} {url}: no answer within the {timeout_s:g}s stall timeout; request closed"
+                ) from None
+            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _call_httpx(
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        limit: int,
+        timeout_s: float | None,
+        headers: dict[str, str] | None,
+    ) -> bytes | bytearray:
+        """`call` through the httpx client on `transport`."""
         stall = asyncio.timeout(timeout_s)
         try:
             async with stall, self._client().stream(method, url, content=content, headers=headers) as response:
                 if response.status_code >= 400:
-                    raise _status_error(response, await _read(response, limits.ERROR_BYTES, truncate=True))
+                    error = await _read(response, limits.ERROR_BYTES, truncate=True)
+                    raise _status_error(method, url, response.status_code, response.headers.get("retry-after"), error)
                 return await _read(response, limit)
         except TimeoutError as exc:
             if stall.expired():
@@ -217,7 +281,16 @@ class VLLMClient:
 
 
 def _json(payload: dict[str, Any]) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact JSON of a request body; a non-finite float is refused (ValueError), as JSON has none.
+
+    A `prompt` of token ids (the whole context of a completion: thousands of ints every turn) is encoded by
+    pydantic-core, several times faster than `json.dumps`, and spliced in as the last field."""
+    ids = payload.get("prompt")
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids[:1]):
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    rest = {k: v for k, v in payload.items() if k != "prompt"}
+    head = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return head[:-1] + (b',"prompt":' if rest else b'"prompt":') + to_json(ids, inf_nan_mode="null") + b"}"
 
 
 async def _read(response: httpx.Response, limit: int, *, truncate: bool = False) -> bytes | bytearray:
@@ -245,18 +318,41 @@ async def _read(response: httpx.Response, limit: int, *, truncate: bool = False)
     return body
 
 
-def _status_error(response: httpx.Response, body: bytes | bytearray) -> LLMError:
+async def _read_aiohttp(
+    response: aiohttp.ClientResponse, url: str, limit: int, *, truncate: bool = False
+) -> bytes | bytearray:
+    """`_read` for an aiohttp response."""
+    announced = response.headers.get("content-length")
+    plain = response.headers.get("content-encoding", "identity") == "identity"
+    if announced is not None and plain and not truncate:
+        if not (announced.isascii() and announced.isdigit()):
+            raise BackendProtocolError(f"{url}: malformed Content-Length {announced[:40]!r}")
+        if int(announced) > limit:
+            raise BackendProtocolError(
+                f"{url}: answer of {announced} bytes refused unread; this request needs at most {limit}"
+            )
+        return await response.read()
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            if truncate:
+                return body[:limit]
+            raise BackendProtocolError(
+                f"{url}: answer passed {limit} bytes, more than this request can need; stopped reading"
+            )
+    return body
+
+
+def _status_error(method: str, url: object, status: int, retry_after: str | None, body: bytes | bytearray) -> LLMError:
     message = _error_message(body)
-    status = response.status_code
-    retry_after = _retry_after_s(response.headers.get("retry-after"))
+    retry_after_s = _retry_after_s(retry_after)
     if status >= 500:
         return BackendUnavailable(
-            f"{response.request.method} {response.request.url}: HTTP {status}: {message}",
-            status_code=status,
-            retry_after_s=retry_after,
+            f"{method} {url}: HTTP {status}: {message}", status_code=status, retry_after_s=retry_after_s
         )
     return BackendRequestError(
-        f"{response.request.url} rejected the request: HTTP {status}: {message}", status, retry_after_s=retry_after
+        f"{url} rejected the request: HTTP {status}: {message}", status, retry_after_s=retry_after_s
     )
 
 
