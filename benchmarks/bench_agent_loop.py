@@ -4,9 +4,9 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_agent_loop.py [--json out.json] [--trajectories 256] [--turns 6]
         [--tokens 32] [--tool-s 2.0] [--observation-chars 200] [--time-scale 20] [--rounds 2] [--seed 0]
-        [--arms baseline,server]
+        [--arms baseline,server,server_local]
 
-About 2 minutes on 2 cores with the defaults. Every server is a child process (LocalStack, stopped by PID;
+About 3 minutes on 2 cores with the defaults. Every server is a child process (LocalStack, stopped by PID;
 they import the prorl_server of this checkout: its `src` is put first on their PYTHONPATH).
 
 The workload: `--trajectories` trajectories at once, each `--turns` turns of exactly `--tokens` output
@@ -26,6 +26,10 @@ machine's load hits both alike); each arm gets a fresh simulator:
   `POST /v1/completions` with the context's ids), parse the text, run the tool, `add_messages` (one
   `POST /tokenize` of the observation as the template delta); the first turn's `start` tokenizes the
   system prompt (the tool schemas) and the task.
+- **server_local**: the same, with the simulator writing its tokenizer as Hugging Face files
+  (`sim-llm --tokenizer-dir`) and reporting them as its model's root, so the server tokenizes the chats
+  itself (README, "token in and token out"): per turn, `add_messages` sends no request. The simulator still
+  answers the server's probes of its `/tokenize` once, at registration.
 - **baseline**: the same trajectories driven straight against the simulator by a minimal client loop in
   this process (asyncio, one aiohttp session): the same requests (the same system prompt, bodies and
   sampling fields), the same tool sleeps, nothing else (no checks, no recording, no job around it).
@@ -52,18 +56,19 @@ JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
       "config": {every command-line option},
       "plan": {"trajectories", "turns", "tokens_per_turn", "tool_s_mean"},
       "arms": {
-        "baseline" | "server": {
+        "baseline" | "server" | "server_local": {
           "turns": turns measured (all rounds),
           "overhead_ms": {"p50", "p99", "mean"},         # wall - backend - tool, per turn
           "overhead_after_first_ms": {"p50", "p99", "mean"},   # turns 2.. only
           "backend_ms": {"p50", "p99"},                  # simulator time of the turn's requests
           "loop_cpu_ms_per_turn", "sim_cpu_ms_per_turn", # the loop's process, the simulator's
           "wall_s" (per round), "unattributed_requests", "failed", "first_error",
-          "in_completion_ms": {"p50", "p99"},            # server only: llm_s - simulator completion time
-          "outside_completion_ms": {"p50", "p99"}        # server only: overhead - in_completion
+          "in_completion_ms": {"p50", "p99"},            # server arms only: llm_s - simulator completion time
+          "outside_completion_ms": {"p50", "p99"}        # server arms only: overhead - in_completion
         }
       },
       "added_p50_ms", "added_p99_ms",                    # server - baseline overhead
+      "added_local_p50_ms", "added_local_p99_ms",        # server_local - baseline overhead
       "checks": [{"metric", "value", "baseline", "target", "pass"}],
       "elapsed_s"
     }
@@ -151,6 +156,7 @@ def simulator_child(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         max_num_seqs=max(args.trajectories, 1),
         seed=args.seed,
+        tokenizer_dir=args.sim_tokenizer_dir,
     )
     app = RequestTimer(create_app(SimEngine(settings)))
     uvicorn.run(app, host="127.0.0.1", port=args.sim_port, log_level="warning", access_log=False)
@@ -314,11 +320,13 @@ def run_arm(name: str, plans: list[dict[str, Any]], args: argparse.Namespace, lo
         argv = [sys.executable, str(Path(__file__).resolve()), "--sim-child", "--sim-port", str(port)]
         argv += ["--time-scale", str(args.time_scale), "--trajectories", str(args.trajectories)]
         argv += ["--seed", str(args.seed)]
+        if name == "server_local":  # the simulator writes its tokenizer's files and reports them as its root
+            argv += ["--sim-tokenizer-dir", str(logs / "tokenizer")]
         sim = f"http://127.0.0.1:{port}"
         stack.launch("simulator", argv, f"{sim}/health")
         sim_pid = stack.procs[-1].pid
         sim_cpu0 = cpu_s(sim_pid)
-        run = run_server_arm if name == "server" else run_baseline_arm_in
+        run = run_baseline_arm_in if name == "baseline" else run_server_arm
         outcome = run(stack, sim, plans, args)
         sim_cpu = cpu_s(sim_pid) - sim_cpu0
         records = httpx.get(f"{sim}{TIMINGS_PATH}", timeout=60, trust_env=False).json()
@@ -388,12 +396,12 @@ def print_report(report: dict[str, Any]) -> None:
         f"\nAgent loop, {plan['trajectories']} trajectories x {plan['turns']} turns of {plan['tokens_per_turn']} "
         f"tokens, tool {plan['tool_s_mean']:.2f} s mean (simulator at time scale {report['config']['time_scale']})"
     )
-    header = f"  {'arm':<10} {'turns':>6} {'overhead p50':>13} {'p99':>8} {'mean':>8} {'turns 2.. p50':>14}"
+    header = f"  {'arm':<12} {'turns':>6} {'overhead p50':>13} {'p99':>8} {'mean':>8} {'turns 2.. p50':>14}"
     print(header + f" {'backend p50':>12} {'loop CPU/turn':>14} {'sim CPU/turn':>13}  wall s")
     for name, a in report["arms"].items():
         o, o2 = a["overhead_ms"], a["overhead_after_first_ms"]
         print(
-            f"  {name:<10} {a['turns']:>6} {o['p50']:>10.2f} ms {o['p99']:>8.2f} {o['mean']:>8.2f} {o2['p50']:>11.2f} ms"
+            f"  {name:<12} {a['turns']:>6} {o['p50']:>10.2f} ms {o['p99']:>8.2f} {o['mean']:>8.2f} {o2['p50']:>11.2f} ms"
             f" {a['backend_ms']['p50']:>9.2f} ms {a['loop_cpu_ms_per_turn']:>11.2f} ms {a['sim_cpu_ms_per_turn']:>10.2f} ms"
             f"  {a['wall_s']}"
         )
@@ -411,33 +419,38 @@ def print_report(report: dict[str, Any]) -> None:
 
 def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     arms = report["arms"]
+    base = arms.get("baseline")
     rows = []
-    if "server" in arms and "baseline" in arms:
-        rows.append(
-            check(
-                f"agent loop overhead per turn added over a minimal client, {report['plan']['trajectories']} "
-                "trajectories, p50 (p99)",
-                f"{report['added_p50_ms']:.2f} ms ({report['added_p99_ms']:.2f} ms)",
-                f"minimal client {arms['baseline']['overhead_ms']['p50']:.2f} ms p50",
-                "<= 1 ms p50",
-                report["added_p50_ms"] <= 1.0,
+    for arm, suffix, how in (
+        ("server", "", "/tokenize per turn"),
+        ("server_local", "_local", "tokenized in the server"),
+    ):
+        if arm not in arms:
+            continue
+        s = arms[arm]
+        if base is not None:
+            rows.append(
+                check(
+                    f"agent loop ({how}) overhead per turn added over a minimal client, "
+                    f"{report['plan']['trajectories']} trajectories, p50 (p99)",
+                    f"{report[f'added{suffix}_p50_ms']:.2f} ms ({report[f'added{suffix}_p99_ms']:.2f} ms)",
+                    f"minimal client {base['overhead_ms']['p50']:.2f} ms p50",
+                    "<= 1 ms p50",
+                    report[f"added{suffix}_p50_ms"] <= 1.0,
+                )
             )
-        )
-    if "server" in arms:
-        s = arms["server"]
         rows.append(
             check(
-                "server's own time per turn (wall - backend - tool), p50 (p99)",
+                f"server's own time per turn ({how}: wall - backend - tool), p50 (p99)",
                 f"{s['overhead_ms']['p50']:.2f} ms ({s['overhead_ms']['p99']:.2f} ms)",
                 f"backend {s['backend_ms']['p50']:.2f} ms p50",
                 "-",
                 None,
             )
         )
-        base = arms.get("baseline")
         rows.append(
             check(
-                "server CPU per turn",
+                f"server CPU per turn ({how})",
                 f"{s['loop_cpu_ms_per_turn']:.2f} ms",
                 f"minimal client {base['loop_cpu_ms_per_turn']:.2f} ms" if base else "-",
                 "-",
@@ -459,9 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=20.0, help="the simulator's simulated s per wall s")
     parser.add_argument("--rounds", type=positive_int, default=2, help="runs of each arm (ABBA order)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arms", default="baseline,server", help="arms to run (baseline, server)")
+    parser.add_argument(
+        "--arms", default="baseline,server,server_local", help="arms to run (baseline, server, server_local)"
+    )
     parser.add_argument("--sim-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sim-port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--sim-tokenizer-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sim_child:
         return simulator_child(args)
@@ -493,10 +509,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # an arm that cannot run at all
                 failures[name] = f"{type(exc).__name__}: {exc}"
     report["arms"] = {name: summarize(r) for name, r in runs.items() if r}
-    if "server" in report["arms"] and "baseline" in report["arms"]:
-        s, b = report["arms"]["server"]["overhead_ms"], report["arms"]["baseline"]["overhead_ms"]
-        report["added_p50_ms"] = s["p50"] - b["p50"]
-        report["added_p99_ms"] = s["p99"] - b["p99"]
+    for arm, suffix in (("server", ""), ("server_local", "_local")):
+        if arm in report["arms"] and "baseline" in report["arms"]:
+            s, b = report["arms"][arm]["overhead_ms"], report["arms"]["baseline"]["overhead_ms"]
+            report[f"added{suffix}_p50_ms"] = s["p50"] - b["p50"]
+            report[f"added{suffix}_p99_ms"] = s["p99"] - b["p99"]
     report["checks"] = build_checks(report)
     report["elapsed_s"] = time.monotonic() - started
     print_report(report)
