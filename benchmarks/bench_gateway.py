@@ -11,14 +11,18 @@ checkout: its `src` is put first on their PYTHONPATH); the clients are the offic
 Completions, Responses) and `anthropic` package (Messages), as a harness would use them.
 
 Part 1 - overhead (backend: the scripted test double, `python -m prorl_server.testing`, replies at once)
-    `--overhead-chats` conversations of `--overhead-turns` turns, one call at a time. Each turn is sent five
+    `--overhead-chats` conversations of `--overhead-turns` turns, one call at a time. Each turn is sent eight
     ways, in rotating order: (a) straight to the double's own `POST /v1/chat/completions` with `openai` (what
     the harness would call without the gateway), (b) straight to the double as the gateway's two
     token-in/token-out requests (`POST /tokenize` of the new messages, `POST /v1/completions` with prompt
     ids), and through prorl-server gateway sessions on the same double (a session per API and
     conversation): (c) Chat Completions (`openai` `chat.completions.create`), (d) Responses (`openai`
     `responses.create`, the whole conversation as input items, `store=False`), (e) Anthropic Messages
-    (`anthropic` `messages.create`). The figures are client-observed latencies; "added" is the p50 (p99) of an
+    (`anthropic` `messages.create`), and (f), (g), (h): the same three through a second server whose
+    double (`--tokenizer-dir`) publishes its tokenizer as Hugging Face files, so that server tokenizes the
+    chats itself (README, "token in and token out") and a call is one backend request, not two; the script
+    checks in `/llm_servers` that the first server tokenizes by `/tokenize` and the second in the server.
+    The figures are client-observed latencies; "added" is the p50 (p99) of an
     API's way minus the p50 (p99) of (a), and minus (b): what the gateway itself costs (its HTTP hop, its
     work, and for (d) and (e) the translation to and from the chat completion), beyond the backend requests
     any token-exact recording needs. The client library is part of each figure: (e) is the `anthropic`
@@ -45,7 +49,8 @@ JSON output (`--json PATH`)::
       "machine": {"cpus", "python", "load_avg_1m_at_start"},
       "config": {every command-line option},
       "overhead": {"calls" (per way), "direct_chat_ms", "direct_tito_ms" (each {"p50", "p99"}),
-                   "apis": {"chat" | "responses" | "messages": {
+                   "apis": {"chat" | "responses" | "messages" | "chat_local" | "responses_local" |
+                            "messages_local" (tokenized in the server): {
                        "gateway_ms": {"p50", "p99"},
                        "added_p50_ms", "added_p99_ms" (gateway minus direct chat),
                        "added_over_tito_p50_ms", "added_over_tito_p99_ms" (gateway minus direct tito),
@@ -110,28 +115,74 @@ def open_session(server: str, http: httpx.Client, **body: Any) -> dict[str, Any]
 
 
 API_WAYS = ("gateway_chat", "gateway_responses", "gateway_messages")
-WAYS = ("direct_chat", "direct_tito", *API_WAYS)
+LOCAL_WAYS = ("local_chat", "local_responses", "local_messages")
+WAYS = ("direct_chat", "direct_tito", *API_WAYS, *LOCAL_WAYS)
 API_LABELS = {
     "gateway_chat": "Chat Completions",
     "gateway_responses": "Responses",
     "gateway_messages": "Anthropic Messages",
+    "local_chat": "Chat Completions, tokenized in the server",
+    "local_responses": "Responses, tokenized in the server",
+    "local_messages": "Anthropic Messages, tokenized in the server",
 }
 
 
-def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
-    """Latency of the five ways per turn (two direct, one per gateway API), one call at a time."""
+def api_of(way: str) -> str:
+    """The API of a gateway way: chat, responses or messages."""
+    return way.split("_", 1)[1]
+
+
+def report_key(way: str) -> str:
+    """The way's key under `overhead.apis`: the API, with `_local` when the server tokenizes."""
+    return api_of(way) + ("_local" if way in LOCAL_WAYS else "")
+
+
+def start_double(stack: LocalStack, tokenizer_dir: Path | None = None) -> str:
+    """A scripted double (its address); with `tokenizer_dir`, it publishes its tokenizer there as its root."""
     port = free_port()
     double = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "prorl_server.testing", "--port", str(port), "--default-reply", REPLY]
+    if tokenizer_dir is not None:
+        argv += ["--tokenizer-dir", str(tokenizer_dir)]
     stack.launch("scripted_double", argv, f"{double}/health")
+    return double
+
+
+def check_tokenization(server: str, http: httpx.Client, expected: str) -> None:
+    """Fail unless the server's one backend is tokenized as `expected` (local, or backend): the figures of a
+    way are only what they say when its server chose as meant."""
+    deadline = time.monotonic() + 60
+    while True:
+        [backend] = http.get(f"{server}/llm_servers").raise_for_status().json()["servers"]
+        if backend.get("tokenization") == expected:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{server}: the backend's tokenization is {backend.get('tokenization')!r}, not {expected!r}"
+            )
+        time.sleep(0.1)
+
+
+def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
+    """Latency of the eight ways per turn (two direct, three gateway APIs tokenizing by the backend's
+    /tokenize, the same three tokenizing in the server), one call at a time."""
+    double = start_double(stack)
     server = stack.server(*server_options(f"{double}/v1"))
+    server_pid = stack.procs[-1].pid
+    local_double = start_double(stack, stack.log_dir / "tokenizer")
+    local_server = stack.server(*server_options(f"{local_double}/v1"))
+    local_pid = stack.procs[-1].pid
+    servers = {way: server for way in API_WAYS} | {way: local_server for way in LOCAL_WAYS}
     times: dict[str, list[float]] = {way: [] for way in WAYS}
-    http = httpx.Client(timeout=60, trust_env=False, headers=auth_headers())  # the server's key (LocalStack)
+    http = httpx.Client(timeout=60, trust_env=False, headers=auth_headers())  # the servers' key (LocalStack)
     direct = openai.OpenAI(base_url=f"{double}/v1", api_key="none", max_retries=0, http_client=http)
+    gateway_ways = (*API_WAYS, *LOCAL_WAYS)
     try:
+        check_tokenization(server, http, "backend")
+        check_tokenization(local_server, http, "local")
         for chat in range(-1, args.overhead_chats):  # chat -1 warms up (imports, connections): not counted
-            sessions = {way: open_session(server, http) for way in API_WAYS}  # a recording per API
-            clients = {way: api_client(way, sessions[way], http) for way in API_WAYS}
+            sessions = {way: open_session(servers[way], http) for way in gateway_ways}  # a recording per way
+            clients = {way: api_client(way, sessions[way], http) for way in gateway_ways}
             messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[chat % len(QUESTIONS)]}]
             prompt_ids: list[int] = []
             new: list[dict[str, Any]] = list(messages)
@@ -149,19 +200,21 @@ def measure_overhead(stack: LocalStack, args: argparse.Namespace) -> dict[str, A
                         times[way].append(time.perf_counter() - started)
                 new = [{"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
                 messages += [{"role": "assistant", "content": REPLY}, *new]
-            for way in API_WAYS:
-                record = http.delete(f"{server}/sessions/{sessions[way]['session_id']}").raise_for_status().json()
+            for way in gateway_ways:
+                url = f"{servers[way]}/sessions/{sessions[way]['session_id']}"
+                record = http.delete(url).raise_for_status().json()
                 if len(record["segments"]) != 1 or record["calls"] != args.overhead_turns:
                     raise RuntimeError(f"{way}: {len(record['segments'])} segments, {record['calls']} calls")
-        cpu = {way: server_cpu_per_call(server, stack.procs[-1].pid, http, way, args) for way in API_WAYS}
+        pids = {way: server_pid for way in API_WAYS} | {way: local_pid for way in LOCAL_WAYS}
+        cpu = {way: server_cpu_per_call(servers[way], pids[way], http, way, args) for way in gateway_ways}
     finally:
         http.close()
     summary = {way: {"p50": percentile_ms(v, 50), "p99": percentile_ms(v, 99)} for way, v in times.items()}
     chat_, tito = summary["direct_chat"], summary["direct_tito"]
     apis = {}
-    for way in API_WAYS:
+    for way in gateway_ways:
         gw = summary[way]
-        apis[way.removeprefix("gateway_")] = {
+        apis[report_key(way)] = {
             "gateway_ms": gw,
             "added_p50_ms": gw["p50"] - chat_["p50"],
             "added_p99_ms": gw["p99"] - chat_["p99"],
@@ -207,9 +260,14 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def label_way(key: str) -> str:
+    """The way of an `overhead.apis` key."""
+    return f"local_{key.removesuffix('_local')}" if key.endswith("_local") else f"gateway_{key}"
+
+
 def api_client(way: str, session: dict[str, Any], http: httpx.Client) -> Any:
     """The official client of API `way` on `session`."""
-    if way == "gateway_messages":  # its own HTTP client: this SDK's is not httpx's
+    if api_of(way) == "messages":  # its own HTTP client: this SDK's is not httpx's
         return anthropic.Anthropic(
             base_url=session["base_url"].removesuffix("/v1"), api_key=session["api_key"], max_retries=0
         )
@@ -219,9 +277,9 @@ def api_client(way: str, session: dict[str, Any], http: httpx.Client) -> Any:
 def api_call(way: str, client: Any, model: str, messages: list[dict[str, Any]]) -> str:
     """One turn of `messages` (user and assistant messages with string content) through a gateway API with
     its official client; returns the reply's text."""
-    if way == "gateway_chat":
+    if api_of(way) == "chat":
         return client.chat.completions.create(model=model, messages=messages).choices[0].message.content or ""
-    if way == "gateway_responses":
+    if api_of(way) == "responses":
         return client.responses.create(model=model, input=messages, store=False).output_text
     reply = client.messages.create(model=model, max_tokens=64, messages=messages)
     return "".join(block.text for block in reply.content if block.type == "text")
@@ -382,7 +440,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         for api, a in o["apis"].items():
             rows.append(
                 check(
-                    f"gateway added latency per call, {API_LABELS['gateway_' + api]}, p50 (p99)",
+                    f"gateway added latency per call, {API_LABELS[label_way(api)]}, p50 (p99)",
                     f"{a['added_p50_ms']:.2f} ms ({a['added_p99_ms']:.2f} ms)",
                     f"direct chat {o['direct_chat_ms']['p50']:.2f} ms p50",
                     "<= 1 ms p50",
@@ -392,7 +450,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
         for api, a in o["apis"].items():
             rows.append(
                 check(
-                    f"{API_LABELS['gateway_' + api]} over the 2 backend requests sent directly, p50 (p99)",
+                    f"{API_LABELS[label_way(api)]} over the 2 backend requests sent directly, p50 (p99)",
                     f"{a['added_over_tito_p50_ms']:.2f} ms ({a['added_over_tito_p99_ms']:.2f} ms)",
                     f"tokenize + completions {o['direct_tito_ms']['p50']:.2f} ms p50",
                     "-",
@@ -418,20 +476,18 @@ def print_report(report: dict[str, Any]) -> None:
     if "overhead" in report:
         o = report["overhead"]
         print(f"\nOverhead (scripted double, {o['calls']} calls per way, one at a time)")
-        print(f"  {'way':<48} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'server CPU':>11}")
+        print(f"  {'way':<62} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'server CPU':>11}")
         rows = [
             ("direct: the double's /v1/chat/completions", o["direct_chat_ms"], None),
             ("direct: /tokenize + /v1/completions (ids)", o["direct_tito_ms"], None),
         ]
-        rows += [
-            (f"gateway session, {API_LABELS['gateway_' + api]}", a["gateway_ms"], a) for api, a in o["apis"].items()
-        ]
+        rows += [(f"gateway session, {API_LABELS[label_way(api)]}", a["gateway_ms"], a) for api, a in o["apis"].items()]
         for label, ms, added in rows:
             extra = ""
             if added:
                 extra = f" {added['added_p50_ms']:>10.2f} {added['added_p99_ms']:>10.2f}"
                 extra += f" {added['server_cpu_ms_per_call']:>8.2f} ms"
-            print(f"  {label:<48} {ms['p50']:>8.2f} {ms['p99']:>8.2f}{extra}")
+            print(f"  {label:<62} {ms['p50']:>8.2f} {ms['p99']:>8.2f}{extra}")
     if "exactness" in report:
         e = report["exactness"]
         print(f"\nToken-exactness (dev engine; engine's record: GET /debug/sampled; {e['wall_s']} s)")

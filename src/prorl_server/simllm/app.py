@@ -36,7 +36,7 @@ from prorl_server.devllm.validation import (
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.simllm.engine import SimEngine, SimTiming
 from prorl_server.simllm.metrics import sim_registry
-from prorl_server.simllm.tokenizer_files import write_tokenizer_files
+from prorl_server.testing.tokenizer_files import write_tokenizer_files
 
 MODEL_ROOT = "simulated"  # the `root` of the model card without a tokenizer directory: there is no checkpoint
 

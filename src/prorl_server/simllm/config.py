@@ -29,7 +29,7 @@ class SimLLMSettings(BaseModel):
     output_len_sigma: float = Field(default=1.0, ge=0, le=10, description="sigma of the lognormal output length")
     tokenizer_dir: str | None = Field(
         default=None,
-        description="write the simulator's tokenizer as Hugging Face files here (tokenizer_files.py: about 24 MB) "
+        description="write the simulator's tokenizer as Hugging Face files here (testing/tokenizer_files.py: about 24 MB) "
         "and report the directory as the model's root, so a prorl-server on this machine tokenizes chats itself",
     )
     log_level: str = "warning"

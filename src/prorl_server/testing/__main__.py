@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from prorl_server.testing.scripted_backend import ScriptedBackend, create_scripted_backend_app
+from prorl_server.testing.tokenizer_files import write_tokenizer_files
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,9 +23,22 @@ def main(argv: list[str] | None = None) -> None:
         help="answer TEXT when no reply is queued for a completion (default: fail it with HTTP 409)",
     )
     parser.add_argument("--legacy-token-strings", action="store_true", help="answer with token_id:N strings only")
+    parser.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        help="write the double's tokenizer as Hugging Face files here (about 24 MB) and report it as the model's "
+        "root, so a prorl-server tokenizes the chats itself",
+    )
     args = parser.parse_args(argv)
+    root = {}
+    if args.tokenizer_dir is not None:
+        write_tokenizer_files(args.tokenizer_dir)
+        root = {"model_root": str(args.tokenizer_dir.resolve())}
     backend = ScriptedBackend(
-        legacy_token_strings=args.legacy_token_strings, default_delay_s=args.delay, default_reply=args.default_reply
+        legacy_token_strings=args.legacy_token_strings,
+        default_delay_s=args.delay,
+        default_reply=args.default_reply,
+        **root,
     )
     uvicorn.run(create_scripted_backend_app(backend), host=args.host, port=args.port, log_level="warning")
 

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from prorl_server.llm.local_tokenizer import without_claude_code_header
 from prorl_server.llm.vllm_client import JOB_ID_HEADER
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord, misbehave
 
@@ -164,8 +165,10 @@ class ScriptedBackend:
         default_delay_s: float = 0.0,
         report_vocab_size: bool = False,
         default_reply: Reply | None = None,
+        model_root: str = MODEL_ROOT,
     ) -> None:
         self.tokenizer = ToyChatTokenizer()
+        self.model_root = model_root  # `root` of GET /v1/models: a directory of tokenizer files, if one was written
         self.legacy_token_strings = legacy_token_strings
         self.default_delay_s = default_delay_s  # the delay of replies that set no delay_s
         self.default_reply = as_reply(default_reply) if default_reply is not None else None
@@ -343,7 +346,12 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
-        card: dict[str, Any] = {"id": MODEL_NAME, "object": "model", "root": MODEL_ROOT, "max_model_len": 32768}
+        card: dict[str, Any] = {
+            "id": MODEL_NAME,
+            "object": "model",
+            "root": backend.model_root,
+            "max_model_len": 32768,
+        }
         if backend.report_vocab_size:
             card["meta"] = {"n_vocab": tok.VOCAB_SIZE}
         return await answer(Endpoint.MODELS, {"object": "list", "data": [card]}, request)
@@ -351,7 +359,13 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
     @app.post("/tokenize")
     async def tokenize(body: dict[str, Any], request: Request) -> Any:
         if "messages" in body:
-            text = tok.render(body["messages"], bool(body.get("add_generation_prompt", True)))
+            messages = [  # as vLLM prepares them (and the server's own tokenization does)
+                {**m, "content": without_claude_code_header(m.get("role"), m["content"])}
+                if isinstance(m.get("content"), str)
+                else m
+                for m in body["messages"]
+            ]
+            text = tok.render(messages, bool(body.get("add_generation_prompt", True)))
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:

@@ -1,9 +1,10 @@
-"""The simulator's tokenizer as Hugging Face files, so a prorl-server can tokenize its chats in the server.
+"""The test double's and the simulator's tokenizer (`ToyChatTokenizer`) as Hugging Face files, so that a
+prorl-server can tokenize their chats in the server.
 
 `write_tokenizer_files(directory)` writes `tokenizer.json` (a `tokenizers` BPE model without merges whose
 vocabulary is every character, at its code point + 10, with `<|endoftext|>`, `<|im_start|>` and
-`<|im_end|>` as special tokens 0, 1 and 2: the ids `SimTokenizer.encode` gives), `chat_template.jinja` (the
-simulator's ChatML rendering) and `tokenizer_config.json`. The vocabulary has 1,112,064 entries: the file is
+`<|im_end|>` as special tokens 0, 1 and 2: the ids `ToyChatTokenizer.encode` gives), `chat_template.jinja`
+(its ChatML rendering) and `tokenizer_config.json`. The vocabulary has 1,112,064 entries: the file is
 about 24 MB, written in about 1.5 s, and a server holding it uses about 320 MB for it.
 """
 
@@ -24,7 +25,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""The simulator's ChatML (`ToyChatTokenizer.render`) as a chat template."""
+"""`ToyChatTokenizer.render`'s ChatML as a chat template."""
 
 
 def write_tokenizer_files(directory: Path) -> None:
