@@ -24,6 +24,15 @@ BASE_MAP = {"debian:bookworm": BASE}
 TOML = 'version = "1.0"\n\n[agent]\ntimeout_sec = 60.0\n\n[environment]\nbuild_timeout_sec = 600.0\n'
 
 
+# a harness that does nothing: it reads its instruction, finds its files and changes no file of the task; the
+# reward it tries to write for itself (there is no /logs/verifier in RUN, and EVAL's is fresh) does not count
+NOTHING = (
+    "(mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt) 2>/dev/null; "
+    'printf "%s\\n" "$HARBOR_INSTRUCTION" | head -1; bash /tmp/harbor-agent/bin/harness.sh'
+)
+HARNESS = {"bin/harness.sh": "echo harness here\n"}
+
+
 def task_folder(
     root: Path, name: str, toml: str = TOML, dockerfile: str = "FROM debian:bookworm\nWORKDIR /app\n"
 ) -> Path:
@@ -66,7 +75,7 @@ def test_every_shipped_task_scores_1_by_its_oracle_and_0_when_nothing_is_done(st
     assert len(TASKS) >= 5
     for task in TASKS:
         submit(server, f"{task}-oracle", instance=instance(task, agent="oracle"))
-        submit(server, f"{task}-nothing", instance=instance(task, agent="command", command="true"))
+        submit(server, f"{task}-nothing", instance=instance(task, agent="command", command=NOTHING, files=HARNESS))
     for task in TASKS:
         solved = result(server, f"{task}-oracle", timeout=600)
         assert solved["status"] == "completed" and solved["reward"] == 1.0, (task, solved["error"], solved["eval"])
@@ -74,6 +83,8 @@ def test_every_shipped_task_scores_1_by_its_oracle_and_0_when_nothing_is_done(st
         assert solved["eval"]["rewards"]["reward"] == 1.0
         untouched = result(server, f"{task}-nothing", timeout=600)
         assert untouched["status"] == "completed" and untouched["reward"] == 0.0, (task, untouched["eval"])
+        first_line = (TASKS_DIR / task / "instruction.md").read_text().splitlines()[0]
+        assert untouched["artifacts"]["agent"]["output"].splitlines() == [first_line, "harness here"], task
     assert result(server, "top-words-oracle")["eval"]["rewards"]["pairs_right"] == 3  # reward.json's other numbers
     assert not list((cache / "harbor-jobs").iterdir())  # every job's binds removed
 

@@ -98,7 +98,7 @@ class HarborHandler(AgentHandler):
         config = task.config
         env, binds = dict(config.environment.env), []
         if request.agent == "oracle":
-            binds.append(Bind(source=str(self._host_copy(ctx, task.solution)), target="/solution"))
+            binds.append(Bind(source=str(await self._host_copy(ctx, task.solution)), target="/solution"))
             env.update({"DEBIAN_FRONTEND": "noninteractive", **config.solution.env})
         elif request.agent == "command":
             env["HARBOR_INSTRUCTION"] = task.instruction
@@ -138,7 +138,7 @@ class HarborHandler(AgentHandler):
         config = task.config
         logs = self._logs_dir(ctx)
         binds = [
-            Bind(source=str(self._host_copy(ctx, task.tests)), target="/tests"),
+            Bind(source=str(await self._host_copy(ctx, task.tests)), target="/tests"),
             Bind(source=str(logs), target="/logs", read_only=False),
         ]
         sandbox = await ctx.start_sandbox(_spec(task, image, {**config.environment.env, **config.verifier.env}, binds))
@@ -176,16 +176,10 @@ class HarborHandler(AgentHandler):
         path.chmod(0o755)
         return path
 
-    def _host_copy(self, ctx: JobContext, source: Path) -> Path:
+    async def _host_copy(self, ctx: JobContext, source: Path) -> Path:
         """A copy of a task's folder that the sandbox's user may read (links kept as links)."""
         target = self._job_dir(ctx) / source.name
-        shutil.copytree(source, target, symlinks=True)
-        for top, dirs, files in os.walk(target):
-            for name in dirs + files:
-                path = Path(top, name)
-                if not path.is_symlink():
-                    path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
-        target.chmod(0o755)
+        await asyncio.to_thread(_readable_copy, source, target)
         return target
 
     def _logs_dir(self, ctx: JobContext) -> Path:
@@ -196,6 +190,17 @@ class HarborHandler(AgentHandler):
             (logs / name).chmod(0o777)
         logs.chmod(0o755)
         return logs
+
+
+def _readable_copy(source: Path, target: Path) -> None:
+    """Copy a folder (links kept as links) and make everything in it readable by anyone."""
+    shutil.copytree(source, target, symlinks=True)
+    for top, dirs, files in os.walk(target):
+        for name in dirs + files:
+            path = Path(top, name)
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+    target.chmod(0o755)
 
 
 @functools.lru_cache(maxsize=1024)
