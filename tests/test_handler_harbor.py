@@ -109,6 +109,56 @@ def test_the_agent_loop_gets_the_instruction_and_its_work_is_scored(start_server
     assert res["artifacts"]["agent"]["stop_reason"] == "submitted" and res["artifacts"]["image"]["seconds"] > 0
 
 
+# a harness with the standard library only (the task's image has no openai package): one chat completion
+# through the job's gateway session, whose reply it runs as a shell command
+ONE_SHOT = """
+import json, os, subprocess, urllib.request
+body = {"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": os.environ["HARBOR_INSTRUCTION"]}]}
+headers = {"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+url = os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
+reply = json.load(urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode(), headers)))
+subprocess.run(["bash", "-c", reply["choices"][0]["message"]["content"]], check=True)
+"""
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "bwrap"])
+def test_a_harness_command_reaches_the_gateway_from_the_task_s_image(start_server, strict, cache, runtime):
+    if (reason := unavailable_reason(runtime)) is not None:
+        pytest.skip(f"{runtime}: {reason}")
+    handler = HarborHandler(TASKS_DIR, BASE_MAP, cache)
+    server = start_server([strict.address], handlers={"harbor": handler}, runtime=runtime)
+    server.state.gateway.public_url = server.url
+    strict.double.push("awk '$9 == 404' access.log | wc -l > answer.txt", job=f"harness-{runtime}")
+    command = "python3 /tmp/harbor-agent/one_shot.py"
+    files = {"one_shot.py": ONE_SHOT}
+    submit(
+        server, f"harness-{runtime}", instance=instance("count-lines", agent="command", command=command, files=files)
+    )
+    res = result(server, f"harness-{runtime}", timeout=600)
+    assert res["status"] == "completed" and res["reward"] == 1.0, (res["error"], res["artifacts"], res["eval"])
+    [recording] = res["artifacts"]["gateway"]
+    assert recording["calls"] == 1 and "status code 404" in recording["segments"][0]["messages"][0]["content"]
+
+
+def test_the_task_s_timeouts_and_memory_hold_the_agent_and_the_tests(start_server, strict, cache, tmp_path):
+    """greet-script's environment unchanged (its image reused); task.toml with short agent and verifier timeouts."""
+    task = tmp_path / "slow-greet"
+    shutil.copytree(TASKS_DIR / "greet-script", task)
+    toml = (task / "task.toml").read_text()
+    toml = toml.replace("[verifier]\ntimeout_sec = 60.0", "[verifier]\ntimeout_sec = 3")
+    toml = toml.replace("[agent]\ntimeout_sec = 300.0", "[agent]\ntimeout_sec = 3").replace("1024", "700")
+    (task / "task.toml").write_text(toml)
+    (task / "solution" / "solve.sh").write_text("ulimit -v\nsleep 60\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\nsleep 60\n")
+    server = start_server([strict.address], handlers={"harbor": HarborHandler(tmp_path, BASE_MAP, cache)})
+    submit(server, "slow", instance=instance("slow-greet", agent="oracle"))
+    res = result(server, "slow", timeout=300)
+    assert res["status"] == "completed" and res["reward"] == 0.0, res
+    agent = res["artifacts"]["agent"]
+    assert agent["timed_out"] and agent["output"].split()[0] == str(700 * 1024), agent
+    assert res["eval"]["tests_timed_out"] and res["eval"]["error"] == "tests/test.sh ran past 3 s"
+
+
 def test_a_build_past_its_timeout_fails_the_job_at_its_dockerfile_line(start_server, strict, cache, tmp_path):
     toml = TOML.replace("build_timeout_sec = 600.0", "build_timeout_sec = 3")
     task_folder(tmp_path, "slow", toml, "FROM debian:bookworm\nWORKDIR /app\nRUN sleep 120\n")
