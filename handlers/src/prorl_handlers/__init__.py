@@ -1,3 +1,2 @@
-"""prorl-server's first-party handlers: `math`, `swe`, `code`, `short_answer`, `judged_answer`
-and `external_agent` (see each
-subpackage's docstring)."""
+"""prorl-server's first-party handlers: `math`, `swe`, `code`, `short_answer`, `judged_answer`,
+`external_agent` and `harbor` (see each subpackage's docstring)."""

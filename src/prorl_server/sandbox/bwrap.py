@@ -218,7 +218,7 @@ class BwrapRuntime(ProcessRuntime):
             if not root.is_dir():
                 raise SandboxError(f"bubblewrap needs a root directory as image, got {spec.image!r} (unpack it first)")
             args += _root_entries(root, None, NOT_FROM_IMAGE)
-            points.mark(*(f"/{name}" for name in os.listdir(root)))
+            points.mark(*(f"/{name}" for name in os.listdir(root) if name not in NOT_FROM_IMAGE))  # those: ours
             for package in TOOL_PACKAGES:
                 args += points.mount("--ro-bind", str(package_dir(package)), f"{LIB_DIR}/{package}")
         args += PROC_ARGS

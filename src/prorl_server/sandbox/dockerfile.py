@@ -537,13 +537,16 @@ def build_dockerfile(
     mode: CacheMode = "versioned",
     out: Path | None = None,
     mirror: str = DEFAULTS["mirror"],
+    timeout_s: float | None = None,
 ) -> BuiltImage:
-    """Build (or reuse) the image of a converted Dockerfile; with `out`, also place it there."""
+    """Build (or reuse) the image of a converted Dockerfile; with `out`, also place it there. `timeout_s`:
+    seconds the build may take (ImageBuilder.build)."""
     if mode == "lock":
         raise ImageBuildError("cache mode 'lock' is for templates with a lockfile; use versioned or scratch")
     try:
+        variables = conversion.variables(mirror)
         return builder.build(
-            str(TEMPLATE), mode, conversion.base, out=out, stage=conversion.stage, **conversion.variables(mirror)
+            str(TEMPLATE), mode, conversion.base, out=out, stage=conversion.stage, timeout_s=timeout_s, **variables
         )
     except ImageBuildError as exc:
         log = exc.log.read_text(errors="replace") if exc.log is not None and exc.log.is_file() else ""

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -238,13 +239,16 @@ class ImageBuilder:
         out: Path | None = None,
         pip_cert: Path | None = None,
         stage: Mapping[str, Path] | None = None,
+        timeout_s: float | None = None,
         **variables: Any,
     ) -> BuiltImage:
         """Build (or reuse) the image of `template`; with `out`, also place it there (hard link or copy).
 
         `pip_cert`: a CA bundle the lockfile's `pip install` verifies HTTPS with (a network whose HTTPS goes
         through an intercepting proxy); used by that step only, not left in the image, not in the cache key.
-        `stage`: host files or directories copied into the build context under these relative names."""
+        `stage`: host files or directories copied into the build context under these relative names.
+        `timeout_s`: seconds `apptainer build` may take (the base's preparation not counted); past it the
+        build is killed and fails."""
         started = time.perf_counter()
         if self.binary is None:
             raise ImageBuildError(NOT_FOUND)
@@ -255,7 +259,7 @@ class ImageBuilder:
         with _locked(target.with_suffix(".lock")):
             cached = key is not None and target.is_file()
             if not cached:
-                self._build(template, target, base, lockfile, pip_cert, stage or {}, variables)
+                self._build(template, target, base, lockfile, pip_cert, stage or {}, variables, timeout_s)
                 target.with_suffix(".json").write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
         if out is not None:
             _place(target, out)
@@ -289,6 +293,7 @@ class ImageBuilder:
         pip_cert: Path | None,
         stage: Mapping[str, Path],
         variables: dict[str, Any],
+        timeout_s: float | None = None,
     ) -> None:
         """Render into a fresh build directory and run apptainer build; the result replaces `target` atomically."""
         work = self.cache_dir / "tmp" / uuid.uuid4().hex
@@ -315,24 +320,37 @@ class ImageBuilder:
             (work / "image.def").write_text(definition)
             partial = work / "image.sif"
             self._run(
-                ["build", "--fakeroot", "--force", str(partial), str(work / "image.def")], target.with_suffix(".log")
+                ["build", "--fakeroot", "--force", str(partial), str(work / "image.def")],
+                target.with_suffix(".log"),
+                timeout_s,
             )
             os.replace(partial, target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _run(self, args: list[str], log: Path | None = None) -> None:
-        """Run apptainer; on failure raise ImageBuildError with the end of its output."""
-        done = subprocess.run(
-            [str(self.binary), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        output = done.stdout.decode(errors="replace")
+    def _run(self, args: list[str], log: Path | None = None, timeout_s: float | None = None) -> None:
+        """Run apptainer (its whole process group killed after `timeout_s`); on failure raise ImageBuildError
+        with the end of its output."""
+        with subprocess.Popen(
+            [str(self.binary), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=timeout_s is not None,  # a group of its own to kill; else Ctrl-C reaches it
+        ) as process:
+            try:
+                stdout, _ = process.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, _ = process.communicate()
+                stdout += f"\nkilled after {timeout_s:g} s, the build's timeout\n".encode()
+        output = stdout.decode(errors="replace")
         if log is not None:
             log.write_text(output)
-        if done.returncode != 0:
+        if process.returncode != 0:
             where = f" (full log: {log})" if log is not None else ""
             raise ImageBuildError(
-                f"apptainer {' '.join(args[:2])} failed with exit status {done.returncode}{where}:\n{output[-LOG_TAIL:]}",
+                f"apptainer {' '.join(args[:2])} failed with exit status {process.returncode}{where}:\n{output[-LOG_TAIL:]}",
                 log,
             )
 
