@@ -17,7 +17,7 @@ if config.get("server", "port", fallback=None) != "8080":
     problems.append("[server] port is not 8080")
 if config.get("logging", "level", fallback=None) != "debug":
     problems.append("[logging] level is not debug")
-changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
+changed = [i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b]
 if len(before) != len(after) or len(changed) != 2:
     problems.append(f"lines other than the two settings changed: {len(before)} -> {len(after)} lines, {changed}")
 if config.get("cache", "port", fallback=None) != "6379":
