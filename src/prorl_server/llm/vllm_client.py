@@ -127,52 +127,40 @@ class VLLMClient:
         headers: dict[str, str] | None = None,
     ) -> bytes | bytearray:
         """The body of a successful answer of at most `limit` bytes, within `timeout_s` (None: no stall limit)."""
-        if self._transport is not None:
-            return await self._call_httpx(method, url, content, limit, timeout_s, headers)
+        exchange = self._exchange_httpx if self._transport is not None else self._exchange_aiohttp
         stall = asyncio.timeout(timeout_s)
         try:
-            async with (
-                stall,
-                self._session().request(method, url, data=content, headers=headers, allow_redirects=False) as response,
-            ):
-                if response.status >= 400:
-                    error = await _read_aiohttp(response, url, limits.ERROR_BYTES, truncate=True)
-                    raise _status_error(method, url, response.status, response.headers.get("retry-after"), error)
-                return await _read_aiohttp(response, url, limit)
+            async with stall:
+                return await exchange(method, url, content, limit, headers)
         except TimeoutError as exc:
             if stall.expired():
                 raise BackendStalled(
                     f"{method} {url}: no answer within the {timeout_s:g}s stall timeout; request closed"
                 ) from None
             raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, httpx.HTTPError) as exc:
             raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
 
-    async def _call_httpx(
-        self,
-        method: str,
-        url: str,
-        content: bytes | None,
-        limit: int,
-        timeout_s: float | None,
-        headers: dict[str, str] | None,
+    async def _exchange_aiohttp(
+        self, method: str, url: str, content: bytes | None, limit: int, headers: dict[str, str] | None
     ) -> bytes | bytearray:
-        """`call` through the httpx client on `transport`."""
-        stall = asyncio.timeout(timeout_s)
-        try:
-            async with stall, self._client().stream(method, url, content=content, headers=headers) as response:
-                if response.status_code >= 400:
-                    error = await _read(response, limits.ERROR_BYTES, truncate=True)
-                    raise _status_error(method, url, response.status_code, response.headers.get("retry-after"), error)
-                return await _read(response, limit)
-        except TimeoutError as exc:
-            if stall.expired():
-                raise BackendStalled(
-                    f"{method} {url}: no answer within the {timeout_s:g}s stall timeout; request closed"
-                ) from None
-            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+        """One request and its answer through this loop's aiohttp session."""
+        request = self._session().request(method, url, data=content, headers=headers, allow_redirects=False)
+        async with request as response:
+            if response.status >= 400:
+                error = await _read_aiohttp(response, url, limits.ERROR_BYTES, truncate=True)
+                raise _status_error(method, url, response.status, response.headers.get("retry-after"), error)
+            return await _read_aiohttp(response, url, limit)
+
+    async def _exchange_httpx(
+        self, method: str, url: str, content: bytes | None, limit: int, headers: dict[str, str] | None
+    ) -> bytes | bytearray:
+        """One request and its answer through the httpx client on `transport`."""
+        async with self._client().stream(method, url, content=content, headers=headers) as response:
+            if response.status_code >= 400:
+                error = await _read(response, limits.ERROR_BYTES, truncate=True)
+                raise _status_error(method, url, response.status_code, response.headers.get("retry-after"), error)
+            return await _read(response, limit)
 
     async def complete(
         self,
