@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -422,6 +422,26 @@ class BackendPool:
             await self._decide_tokenization(backend)
         return backend.model
 
+    def tokenize_chat(
+        self,
+        backend: Backend,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        client: VLLMClient | None = None,
+    ) -> Awaitable[list[int]]:
+        """`backend`'s `/tokenize` of the chat template of `messages`, as ids checked against its vocabulary
+        (sent by `client`, default the pool's)."""
+        return (client or self.client).tokenize_messages(
+            backend.address,
+            backend.model,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            vocab_size=backend.vocab_size,
+            timeout_s=self.short_call_timeout,
+        )
+
     async def _decide_tokenization(self, backend: Backend) -> None:
         """Decide how `backend`'s chats are tokenized (once; concurrent callers, on any loop, wait for the
         first). A backend whose probe request fails (unreachable, 5xx, stalled; not a refusal) stays undecided
@@ -441,14 +461,8 @@ class BackendPool:
                 self.tokenizer_path,
                 backend.root,
                 backend.model,
-                lambda messages, add_generation_prompt, tools: self.client.tokenize_messages(
-                    backend.address,
-                    backend.model,
-                    messages,
-                    add_generation_prompt=add_generation_prompt,
-                    tools=tools,
-                    vocab_size=backend.vocab_size,
-                    timeout_s=self.short_call_timeout,
+                lambda messages, add_generation_prompt, tools: self.tokenize_chat(
+                    backend, messages, add_generation_prompt, tools
                 ),
             )
         except LLMError as exc:

@@ -407,15 +407,7 @@ class LLMSession:
         tools: list[dict[str, Any]] | None = None,
     ) -> Awaitable[list[int]]:
         """The backend's chat template of `messages`, as ids checked against its vocabulary."""
-        return self.client.tokenize_messages(
-            backend.address,
-            backend.model,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            vocab_size=backend.vocab_size,
-            timeout_s=self.pool.short_call_timeout,
-        )
+        return self.pool.tokenize_chat(backend, messages, add_generation_prompt, tools, self.client)
 
     async def _with_backend(self, call: Callable[[Backend], Awaitable[T]]) -> T:
         result, _ = await self._with_backend_pair(call)
