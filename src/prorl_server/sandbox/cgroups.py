@@ -194,8 +194,11 @@ class SandboxCgroup:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def remove(self, timeout_s: float = 5.0) -> None:
-        """Remove the (emptied) directories; members still exiting (or zombies not yet reaped) are waited for."""
+    def remove(self, timeout_s: float = 15.0) -> None:
+        """Remove the (emptied) directories; members still exiting (or zombies not yet reaped) are waited for.
+
+        A killed member whose parent died with it is reaped by the node's init, which can take seconds on a
+        loaded machine; until then its cgroup cannot be removed (callers run this off the event loop)."""
         deadline = time.monotonic() + timeout_s
         for directory in self.directories:
             while True:
