@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prorl_handlers.swe import SWEHandler, load_instances
 
+from prorl_server import cli
 from prorl_server.sandbox.apptainer import ENV_BINARY, find_apptainer
 from prorl_server.sandbox.build_queue import BuildQueue
 from prorl_server.sandbox.image_cache import ImageCache
@@ -81,7 +82,7 @@ def base() -> Path:
     return found
 
 
-async def test_an_instance_layer_builds_on_its_repository_base_and_is_cached(base: Path, tmp_path: Path):
+async def test_an_instance_layer_builds_on_its_repository_base_and_is_cached(base: Path, tmp_path: Path, capsys):
     dataset = files(
         tmp_path / "data",
         images__repo__Dockerfile="FROM debian:bookworm\nRUN echo from-the-base > /opt/base.txt\n",
@@ -106,3 +107,13 @@ async def test_an_instance_layer_builds_on_its_repository_base_and_is_cached(bas
         [str(find_apptainer()), "exec", str(first.path), "cat", "/srv/one.txt"], capture_output=True, text=True
     )
     assert shown.stdout.splitlines() == ["from-the-base", "one"], shown.stderr
+
+    (dataset / "instances.jsonl").write_text(
+        '{"instance_id": "one", "dockerfile": "images/one/Dockerfile", "base_dockerfile": "images/repo/Dockerfile"}\n'
+    )
+    argv = ["prewarm-images", str(dataset / "instances.jsonl"), "--cache-dir", str(cache_dir), "--no-progress"]
+    cli.main([*argv, "--base-map", f"debian:bookworm={base}"])
+    assert (
+        capsys.readouterr().out.splitlines()[0]
+        == "built 0, cached 1, failed 0 (0 instances without an image of their own)"
+    )
