@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.dockerfile import build_dockerfile, convert
+from prorl_server.sandbox.dockerfile import Conversion, build_dockerfile, convert
 from prorl_server.sandbox.image_cache import ImageCache, ImageLease
-from prorl_server.sandbox.images import DEFAULTS, ImageBuilder, ImageBuildError
+from prorl_server.sandbox.images import DEFAULTS, BuiltImage, ImageBuilder, ImageBuildError
 
 LEASE_TRIES = 3  # builds of an image evicted by another process between its build and the lease
 
@@ -119,15 +119,23 @@ class InstanceImages:
         base_cached, base_lease = None, None
         try:
             if spec.base_dockerfile is not None:
-                base = build_dockerfile(
-                    self.builder, convert(spec.base_dockerfile, base_map=self.base_map), mirror=self.mirror
-                )
-                base_cached, base_lease = base.cached, self.cache.lease(base.path)
+                base, base_lease = self._leased(convert(spec.base_dockerfile, base_map=self.base_map))
+                base_cached = base.cached
                 conversion = dataclasses.replace(conversion, base=base.path, docker=None, suite=None)
-            built = build_dockerfile(self.builder, conversion, mirror=self.mirror)
-            with self.cache.lease(built.path):
+            built, lease = self._leased(conversion)
+            with lease:
                 self.cache.evict()
         finally:
             if base_lease is not None:
                 base_lease.release()
         return InstanceImage(built.path, conversion.workdir, built.cached, base_cached, time.perf_counter() - started)
+
+    def _leased(self, conversion: Conversion) -> tuple[BuiltImage, ImageLease]:
+        """The image of `conversion`, built (or found), and a lease on it."""
+        for _ in range(LEASE_TRIES):
+            built = build_dockerfile(self.builder, conversion, mirror=self.mirror)
+            try:
+                return built, self.cache.lease(built.path)
+            except FileNotFoundError:
+                continue  # evicted by another process since it was built: build it again
+        raise ImageBuildError(f"{conversion.dockerfile}: its image was evicted {LEASE_TRIES} times before it was used")
