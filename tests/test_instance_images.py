@@ -7,8 +7,12 @@ the reason when apptainer or that base is missing.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from prorl_handlers.swe import SWEHandler, load_instances
@@ -17,11 +21,27 @@ from prorl_server import cli
 from prorl_server.sandbox.apptainer import ENV_BINARY, find_apptainer
 from prorl_server.sandbox.build_queue import BuildQueue
 from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import ImageBuilder
+from prorl_server.sandbox.images import DEFAULTS, ImageBuilder
 from prorl_server.sandbox.instance_images import ImageSpec, ImageSpecError, InstanceImages
+from prorl_server.sandbox.registry import unavailable_reason
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-images"
 BASES = (Path("/tmp/apptainer-test/imgroot"), Path("/tmp/apptainer-test/images/py.sif"))
+BWRAP = unavailable_reason("bwrap")
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def mirror_reason() -> str | None:
+    """Why Debian's mirror cannot be reached (the shipped base installs git and pytest from it), or None."""
+    host = urlsplit(DEFAULTS["mirror"]).hostname or ""
+    try:
+        socket.create_connection((host, 80), timeout=5).close()
+    except OSError as exc:
+        return f"the shipped textkit base installs git and pytest from {DEFAULTS['mirror']}: {exc}"
+    return None
 
 
 def files(root: Path, **texts: str) -> Path:
@@ -117,3 +137,24 @@ async def test_an_instance_layer_builds_on_its_repository_base_and_is_cached(bas
         capsys.readouterr().out.splitlines()[0]
         == "built 0, cached 1, failed 0 (0 instances without an image of their own)"
     )
+
+
+def test_a_shipped_instance_runs_in_its_own_image_through_the_swe_handler(
+    base: Path, tmp_path: Path, start_server, backend
+):
+    """examples/swe-images' textkit-1 through a server: its base (git and pytest from Debian) and layer built in
+    INIT, the agent's gold fix applied in a sandbox of the image, the tests run in a fresh one in EVAL."""
+    if BWRAP is not None or (reason := mirror_reason()) is not None:
+        pytest.skip(f"bwrap: {BWRAP}" if BWRAP else reason)
+    instance = load_instances(EXAMPLES / "instances.jsonl")[0]
+    fix = f"cd /workspace/textkit && git apply <<'PATCH'\n{instance['patch']}PATCH\ngit --version; head -1 /etc/debian_version"
+    backend.double.push(call("bash", command=fix), call("submit"))
+    handler = SWEHandler(dataset_dir=EXAMPLES, base_map={"debian:bookworm": base}, cache_dir=tmp_path / "cache")
+    server = start_server([backend.address], handlers={"swe": handler}, runtime="bwrap")
+    result = server.http.post("/process", json={"instance": instance}, timeout=600).json()
+    assert result["status"] == "completed", result
+    assert result["reward"] == 1.0, result["eval"]
+    assert result["artifacts"]["patch"] == instance["patch"]
+    assert result["artifacts"]["image"]["cached"] is False and result["artifacts"]["image"]["base_cached"] is False
+    observation = next(m["content"] for m in result["trajectory"]["messages"] if m["role"] == "tool")
+    assert "git version" in observation

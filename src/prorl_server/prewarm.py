@@ -75,7 +75,7 @@ def read_specs(dataset: Path, summary: Summary) -> dict[ImageSpec, list[str]]:
                     raise ImageSpecError("not a JSON object")
                 name = str(instance.get("instance_id", name))
                 spec = ImageSpec.from_instance(instance, dataset.parent)
-            except (ValueError, ImageSpecError) as exc:
+            except ValueError as exc:  # not JSON, or an image field ImageSpec refuses
                 summary.failed[name] = str(exc)
                 continue
             if spec is None:
@@ -94,7 +94,7 @@ def prewarm(dataset: Path, images: InstanceImages, progress: bool = True) -> Sum
         for future in as_completed(futures):
             try:
                 image = future.result()
-            except (ImageBuildError, OSError) as exc:
+            except Exception as exc:  # any reason a build failed is reported, and the others go on
                 summary.failed[", ".join(futures[future])] = str(exc).splitlines()[0]
             else:
                 if image.cached:

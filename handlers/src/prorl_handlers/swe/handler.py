@@ -4,8 +4,8 @@ EVAL applies that diff in a fresh sandbox and runs the instance's tests."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from prorl_server.sandbox.build_queue import BuildQueue
 from prorl_server.sandbox.dockerfile import parse_mapping
 from prorl_server.sandbox.image_cache import ImageCache
 from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder
-from prorl_server.sandbox.instance_images import ImageSpec, InstanceImages
+from prorl_server.sandbox.instance_images import ImageSpec, InstanceImage, InstanceImages
 
 REPOS_DIR = DATA_DIR / "repos"
 ENV_DATASET_DIR = "PRORL_SWE_DATASET_DIR"
@@ -87,15 +87,21 @@ class SWEHandler(AgentHandler):
         concurrency = build_concurrency or os.environ.get(ENV_BUILD_CONCURRENCY) or DEFAULT_BUILD_CONCURRENCY
         self.build_concurrency = int(concurrency)
         self.mirror = mirror or os.environ.get(ENV_MIRROR) or DEFAULTS["mirror"]
+        self._images: InstanceImages | None = None
+        self._images_lock = threading.Lock()  # INIT and EVAL run on threads of their own
         tools = [bash_tool(), editor_tool(), submit_tool(description="Submit your fix; this ends the episode.")]
         self.loop = AgentLoop(tools, INSTRUCTIONS, max_turns=DEFAULT_MAX_TURNS)
 
-    @functools.cached_property
     def images(self) -> InstanceImages:
-        """The instance images' builder, queue and cache (made on first use)."""
-        builder = ImageBuilder(cache_dir=self.cache_dir)
-        cache = ImageCache(self.cache_dir, self.cache_budget_bytes)
-        return InstanceImages(builder, BuildQueue(self.build_concurrency), cache, self.base_map, self.mirror)
+        """The instance images' builder, queue and cache (made on first use: a server without images never
+        touches the image cache)."""
+        with self._images_lock:
+            if self._images is None:
+                builder = ImageBuilder(cache_dir=self.cache_dir)
+                cache = ImageCache(self.cache_dir, self.cache_budget_bytes)
+                queue: BuildQueue[InstanceImage] = BuildQueue(self.build_concurrency)
+                self._images = InstanceImages(builder, queue, cache, self.base_map, self.mirror)
+            return self._images
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """The instance's fields, and its image's Dockerfiles: inside the dataset's directory, and there."""
@@ -137,9 +143,10 @@ class SWEHandler(AgentHandler):
 
     async def _image(self, ctx: JobContext, spec: ImageSpec) -> Path:
         """The instance image's root directory, built (or found) and leased until the stage's release."""
-        image, lease = await self.images.acquire(spec)
+        images = self.images()
+        image, lease = await images.acquire(spec)
         ctx.on_release(lease.release)
-        builder = self.images.builder
+        builder = images.builder
         root = await asyncio.to_thread(unpack_sif, image.path, builder.cache_dir, str(builder.binary))
         ctx.artifacts.setdefault(
             "image", {"cached": image.cached, "base_cached": image.base_cached, "seconds": round(image.seconds, 3)}
