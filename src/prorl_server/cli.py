@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server", formatter_class=HelpFormatter)
     add_settings_arguments(serve)
     add_build_image(sub)
+    add_prewarm_images(sub)
     add_dev_llm(sub)
     add_sim_llm(sub)
     add_vllm(sub)
@@ -122,6 +123,18 @@ def add_build_image(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--suite", default=DEFAULTS["suite"], help="Debian suite (debootstrap only)")
     build.add_argument("--mirror", default=DEFAULTS["mirror"], help="Debian mirror (debootstrap only)")
     build.add_argument("--explain", action="store_true", help="print the inputs of the cache key and exit")
+
+
+def add_prewarm_images(sub: argparse._SubParsersAction) -> None:
+    """The `prewarm-images` subcommand: a dataset's per-instance images built ahead of training (prewarm.py)."""
+    from prorl_server.prewarm import add_arguments
+
+    prewarm = sub.add_parser(
+        "prewarm-images",
+        help="build the per-instance images of a JSONL dataset ahead of training",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(prewarm)
 
 
 def build_image(args: argparse.Namespace) -> None:
@@ -280,6 +293,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"prorl-server: {exc}")
     elif args.command == "build-image":
         build_image(args)
+    elif args.command == "prewarm-images":
+        from prorl_server.prewarm import run_from_args as run_prewarm
+
+        run_prewarm(args)
     elif args.command == "dev-llm":
         from prorl_server.devllm.cli import run_from_args
 

@@ -89,11 +89,18 @@ def bare_exec_seconds(image: str, runs: int = 10, binary: str | None = None) -> 
     return times
 
 
-def unpack_sif(image: Path, cache_dir: Path, binary: str) -> Path:
-    """A directory with the contents of a .sif image, made once per image path, size and mtime."""
+def unpacked_path(image: Path, cache_dir: Path) -> Path:
+    """Where `unpack_sif` puts the contents of `image`: a name from its path, size and mtime."""
     info = image.stat()
     name = hashlib.sha256(f"{image.resolve()}:{info.st_size}:{info.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = ensure_private_dir(cache_dir) / "unpacked" / name
+    return cache_dir / "unpacked" / name
+
+
+def unpack_sif(image: Path, cache_dir: Path, binary: str) -> Path:
+    """A directory with the contents of a .sif image, made once per image path, size and mtime."""
+    ensure_private_dir(cache_dir)
+    target = unpacked_path(image, cache_dir)
+    name = target.name
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,10 @@ EVAL applies that diff in a fresh sandbox and runs the instance's tests."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +15,22 @@ from prorl_handlers.swe.instance import DATA_DIR, SWEInstance
 from prorl_handlers.swe.repo import RepositoryError, extract_patch, materialize, repo_dir
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
-from prorl_server.sandbox import Sandbox
+from prorl_server.sandbox import Sandbox, SandboxSpec
+from prorl_server.sandbox.apptainer import unpack_sif
+from prorl_server.sandbox.build_queue import BuildQueue
+from prorl_server.sandbox.dockerfile import parse_mapping
+from prorl_server.sandbox.image_cache import ImageCache
+from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder
+from prorl_server.sandbox.instance_images import ImageSpec, InstanceImage, InstanceImages
 
 REPOS_DIR = DATA_DIR / "repos"
+ENV_DATASET_DIR = "PRORL_SWE_DATASET_DIR"
+ENV_BASE_MAP = "PRORL_SWE_BASE_MAP"
+ENV_CACHE_DIR = "PRORL_SWE_CACHE_DIR"
+ENV_CACHE_BUDGET_GB = "PRORL_SWE_CACHE_BUDGET_GB"
+ENV_BUILD_CONCURRENCY = "PRORL_SWE_BUILD_CONCURRENCY"
+ENV_MIRROR = "PRORL_SWE_MIRROR"
+DEFAULT_BUILD_CONCURRENCY = 2
 DEFAULT_MAX_TURNS = 30
 DEFAULT_TEST_TIMEOUT_S = 300.0
 INSTRUCTIONS = (
@@ -37,20 +54,65 @@ class SWEHandler(AgentHandler):
 
     Agent settings: `max_turns` (default 30), `max_context_length`, `tool_timeout`, `system_prompt`, and
     `test_timeout` (seconds for EVAL's test run, default 300). Where repositories are is the server's
-    choice, not a request's: the constructor's `repos_dir` (default: the shipped ones).
+    choice, not a request's: the constructor's `repos_dir` (default: the shipped ones). An instance's own
+    image (its `dockerfile` and `base_dockerfile`, relative to `dataset_dir`) is built with these server-side
+    settings, from the constructor or, for `--handler` and the entry point, the environment: `dataset_dir`
+    ($PRORL_SWE_DATASET_DIR, default the shipped data/), `base_map` ($PRORL_SWE_BASE_MAP, `IMAGE=PATH` pairs
+    separated by spaces), `cache_dir` ($PRORL_SWE_CACHE_DIR, default the image cache), `cache_budget_gb`
+    ($PRORL_SWE_CACHE_BUDGET_GB, default none), `build_concurrency` ($PRORL_SWE_BUILD_CONCURRENCY, default 2)
+    and `mirror` ($PRORL_SWE_MIRROR).
     """
 
     name = "swe"
     agent_config_keys = frozenset({"test_timeout"})
 
-    def __init__(self, repos_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        repos_dir: str | Path | None = None,
+        dataset_dir: str | Path | None = None,
+        base_map: Mapping[str, str | Path] | None = None,
+        cache_dir: str | Path | None = None,
+        cache_budget_gb: float | None = None,
+        build_concurrency: int | None = None,
+        mirror: str | None = None,
+    ) -> None:
         self.repos_dir = Path(repos_dir) if repos_dir else REPOS_DIR
+        self.dataset_dir = Path(dataset_dir or os.environ.get(ENV_DATASET_DIR) or DATA_DIR)
+        if base_map is None:
+            base_map = parse_mapping(os.environ.get(ENV_BASE_MAP, "").split(), ENV_BASE_MAP)
+        self.base_map = {image: Path(path) for image, path in base_map.items()}
+        self.cache_dir = Path(cache_dir or os.environ.get(ENV_CACHE_DIR) or IMAGE_CACHE_DIR)
+        budget = os.environ.get(ENV_CACHE_BUDGET_GB) if cache_budget_gb is None else cache_budget_gb
+        self.cache_budget_bytes = None if budget is None else int(float(budget) * (1 << 30))
+        concurrency = build_concurrency or os.environ.get(ENV_BUILD_CONCURRENCY) or DEFAULT_BUILD_CONCURRENCY
+        self.build_concurrency = int(concurrency)
+        self.mirror = mirror or os.environ.get(ENV_MIRROR) or DEFAULTS["mirror"]
+        self._images: InstanceImages | None = None
+        self._images_lock = threading.Lock()  # INIT and EVAL run on threads of their own
         tools = [bash_tool(), editor_tool(), submit_tool(description="Submit your fix; this ends the episode.")]
         self.loop = AgentLoop(tools, INSTRUCTIONS, max_turns=DEFAULT_MAX_TURNS)
 
+    def images(self) -> InstanceImages:
+        """The instance images' builder, queue and cache (made on first use: a server without images never
+        touches the image cache)."""
+        with self._images_lock:
+            if self._images is None:
+                builder = ImageBuilder(cache_dir=self.cache_dir)
+                cache = ImageCache(self.cache_dir, self.cache_budget_bytes)
+                queue: BuildQueue[InstanceImage] = BuildQueue(self.build_concurrency)
+                self._images = InstanceImages(builder, queue, cache, self.base_map, self.mirror)
+            return self._images
+
+    def validate_instance(self, instance: dict[str, Any]) -> None:
+        """The instance's fields, and its image's Dockerfiles: inside the dataset's directory, and there."""
+        SWEInstance.from_dict(instance)
+        ImageSpec.from_instance(instance, self.dataset_dir)
+
     async def init(self, ctx: JobContext) -> None:
-        """Read the instance; check its repository out at base_commit in the job's sandbox."""
+        """Read the instance; build its own image if it names one; check its repository out at base_commit in
+        the job's sandbox."""
         ctx.state["task"] = SWEInstance.from_dict(ctx.instance)
+        ctx.state["image_spec"] = ImageSpec.from_instance(ctx.instance, self.dataset_dir)
         await self._checkout(ctx)
 
     async def run(self, ctx: JobContext) -> None:
@@ -69,8 +131,24 @@ class SWEHandler(AgentHandler):
         return await evaluate(sandbox, ctx.state["task"], str(ctx.artifacts.get("patch") or ""), timeout)
 
     async def _checkout(self, ctx: JobContext) -> Sandbox:
+        """A sandbox (of the instance's image, if it has one) with the repository checked out at base_commit."""
         task: SWEInstance = ctx.state["task"]
         root = repo_dir(self.repos_dir, task.repo)
-        sandbox = await ctx.start_sandbox()
+        spec: ImageSpec | None = ctx.state["image_spec"]
+        sandbox = await ctx.start_sandbox(
+            None if spec is None else SandboxSpec(image=str(await self._image(ctx, spec)))
+        )
         await materialize(sandbox, root, task.workdir, task.base_commit)
         return sandbox
+
+    async def _image(self, ctx: JobContext, spec: ImageSpec) -> Path:
+        """The instance image's root directory, built (or found) and leased until the stage's release."""
+        images = self.images()
+        image, lease = await images.acquire(spec)
+        ctx.on_release(lease.release)
+        builder = images.builder
+        root = await asyncio.to_thread(unpack_sif, image.path, builder.cache_dir, str(builder.binary))
+        ctx.artifacts.setdefault(
+            "image", {"cached": image.cached, "base_cached": image.base_cached, "seconds": round(image.seconds, 3)}
+        )
+        return root
