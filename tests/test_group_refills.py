@@ -97,6 +97,15 @@ def test_no_refill_while_the_redundant_members_still_can_make_n(start_server, ba
     assert len(group["members"]) == 3
 
 
+def test_dual_end_refills_to_keep_the_members_it_selects_among(start_server, backend):
+    server = start_server([backend.address], **FAILS_FAST)
+    backend.double.push(UNAVAILABLE, "DONE short", "DONE a longer answer")
+    body = {"instance": QUESTION, "n": 1, "n_launch": 2, "selection": "dual_end", "group_id": "de"}
+    group = server.http.post("/groups", json=body).json()
+    assert group["status"] == "completed" and group["usable"] == 2 and len(group["refills"]) == 1
+    assert [m["status"] for m in group["members"]].count("completed") == 2
+
+
 def test_cancelling_a_group_cancels_its_refills_and_launches_no_more(start_server, backend):
     server = start_server([backend.address], **FAILS_FAST)
     backend.double.push(UNAVAILABLE, *(ScriptedReply(text="DONE", delay_s=30) for _ in range(3)))
