@@ -54,8 +54,9 @@ WELL_FORMED: dict[str, Any] = {
     "service_quotas": ("search=8/20", "maps=2"),
     "model_services": ("judge-a=450", "judge-b=300"),
     "action_cpus": "0",
+    "group_max_refills": 100,
 }
-"""Sample values of the fields whose values are checked for form."""
+"""Sample values of the fields whose values are checked for form or bounded below the usual sample."""
 
 
 def sample(name: str) -> tuple[list[str], Any]:

@@ -303,6 +303,18 @@ class ServerSettings(BaseModel):
         "under the new weights (partial rollout). A job's own `stale_policy` wins.",
     )
     cancel_grace_s: float = Field(default=5.0, ge=0, description="Seconds a cancelled stage gets to unwind.")
+    group_refill_attempts: int = Field(
+        default=2,
+        ge=0,
+        description="Times one group member that failed for an infrastructure reason (its sandbox could not "
+        "start, its LLM backends failed past failover, the server restarted) is launched again (0: never).",
+    )
+    group_max_refills: int = Field(
+        default=16,
+        ge=0,
+        le=1024,  # member indexes stay below 2048, so `{group_id}:{index}` fits a job id
+        description="Refills one group may launch in all, whatever its size (at most 1024).",
+    )
     weight_pause_lease_s: float = Field(
         default=600.0,
         gt=0,

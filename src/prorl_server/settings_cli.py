@@ -28,6 +28,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "default_timeout_s",
         "result_retention_s",
         "cancel_grace_s",
+        "group_refill_attempts",
+        "group_max_refills",
     ),
     "results journal": ("journal", "journal_sync", "journal_compact_interval_s"),
     "handlers and sandboxes": ("handlers", "entry_point_handlers", "runtime", "sandbox_image", "sandbox_dir"),

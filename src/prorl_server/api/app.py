@@ -39,6 +39,7 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     app = FastAPI(title="prorl-server", version=__version__, lifespan=lifespan)
     app.state.server = state
     app.state.groups = GroupRunner(state.orchestrator)
+    app.state.groups.on_refill = state.metrics.group_refilled
     install_error_handlers(app)
     for module in (jobs, groups, llm_servers, lifecycle, metrics, dashboard):
         app.include_router(module.router)

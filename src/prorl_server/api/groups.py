@@ -37,7 +37,8 @@ async def start_group(
     `?wait=false` it answers 202 with the group id and member job ids at once; poll `GET /groups/{group_id}`.
     The same request sent again under the same `group_id` gets that group (never a second launch); a
     different request under that id is 409. An instance its handler's `validate_instance` refuses is 400,
-    with no member launched.
+    with no member launched. A member that fails for an infrastructure reason is launched again while the
+    group needs it, within the server's refill limits (the answer's `refills` lists each).
     """
     body = await parse_body(request, GroupRequest)
     group = _runner(request).start(body)

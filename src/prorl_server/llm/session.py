@@ -113,7 +113,8 @@ class LLMSession:
     turns so far: when the version it would be sampled under (its backend's, read after the dispatch gate,
     so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
     version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
-    `stale` (this and every later call raises), and "continue" samples it anyway.
+    `stale` (this and every later call raises), and "continue" samples it anyway. A group's refill also
+    counts from `group_versions`, the versions its group's finished members were sampled under.
 
     `pause_clock` (the job's budget timer) is held while a call waits at a weight-update pause. `client`
     sends the requests (default: the pool's). Every write to `trajectory` goes through `tokens`.
@@ -139,6 +140,7 @@ class LLMSession:
         client: VLLMClient | None = None,
         data_source: str = "",
         dispatch: DispatchPolicy | None = None,
+        group_versions: tuple[str | int, ...] = (),
     ) -> None:
         self.job_id = job_id
         self.data_source = data_source
@@ -155,6 +157,7 @@ class LLMSession:
         self.max_failovers = max_failovers
         self.max_staleness = max_staleness
         self.stale_policy = stale_policy
+        self.group_versions = group_versions
         self.stale: str | None = None  # why the job ended stale (policy "end"), once it did
         self._turn_open = False
         self._finished = False
@@ -340,19 +343,21 @@ class LLMSession:
 
     def _check_staleness(self, version: str | int | None) -> None:
         """Raise StaleRollout (policy "end") when a turn sampled under `version` would be more than
-        `max_staleness` versions ahead of the oldest turn so far."""
+        `max_staleness` versions ahead of the oldest turn so far (the group's too, for a refill)."""
         if self.max_staleness is None or self.stale_policy != "end" or version is None:
             return
-        worst: tuple[int, str | int] | None = None
-        for old in self.trajectory.weight_versions:
+        sampled = [(old, "the job's oldest turn") for old in self.trajectory.weight_versions]
+        sampled += [(old, "the oldest turn of the group it refills") for old in self.group_versions]
+        worst: tuple[int, str | int, str] | None = None
+        for old, whose in sampled:
             distance = self.pool.version_distance(old, version)
             if distance is not None and (worst is None or distance > worst[0]):
-                worst = (distance, old)
+                worst = (distance, old, whose)
         if worst is None or worst[0] <= self.max_staleness:
             return
-        distance, old = worst
+        distance, old, whose = worst
         self.stale = (
-            f"the job's oldest turn was sampled under weight version {old!r}, {distance} version(s) behind "
+            f"{whose} was sampled under weight version {old!r}, {distance} version(s) behind "
             f"version {version!r} that its next turn would be sampled under; max_staleness is {self.max_staleness} "
             f"(turn {len(self.trajectory.turns) + 1} was not sampled; the {len(self.trajectory.turns)} before "
             "are kept)"

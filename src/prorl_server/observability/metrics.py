@@ -1,10 +1,10 @@
 """The server's Prometheus metrics (`GET /metrics`), in a registry of their own per server instance.
 
 Values the server already keeps (queue depths, busy workers, backends' load and health, live sandboxes, held
-results, the action scheduler's pool and per-kind statistics) are read when scraped (`_StateCollector`); events (a job finished, an LLM request answered, a tool
-request, a sandbox start, results stored or acknowledged) are counted as they happen, through the `on_*`
-hooks of the result store, the backend pool and the sandbox manager. Every metric is listed in
-docs/metrics.md.
+results, the action scheduler's pool and per-kind statistics) are read when scraped (`_StateCollector`);
+events (a job finished, an LLM request answered, a tool request, a sandbox start, results stored or
+acknowledged, a group member refilled) are counted as they happen, through the `on_*` hooks of the result
+store, the backend pool, the sandbox manager and the group runner. Every metric is listed in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -142,6 +142,13 @@ class ServerMetrics:
             buckets=SANDBOX_BUCKETS,
             registry=r,
         )
+        self.group_refills = Counter(
+            "prorl_group_refills",
+            "Group members launched to replace a member that failed for an infrastructure reason, by that "
+            "member's error type.",
+            ["reason"],
+            registry=r,
+        )
         self.results_stored = Counter("prorl_results_stored", "Finished results stored.", registry=r)
         self.results_acknowledged = Counter(
             "prorl_results_acknowledged", "Stored results removed by an acknowledgement.", registry=r
@@ -172,6 +179,10 @@ class ServerMetrics:
         self.job_duration.observe(timing.total_s)
         self.trajectory_tokens.observe(trajectory_tokens(result.trajectory))
         self.activity.record(result)
+
+    def group_refilled(self, reason: str) -> None:
+        """A group launched a refill for a member that failed with error type `reason`."""
+        self.group_refills.labels(reason).inc()
 
     def completion(self, backend: str, prompt_tokens: int, output_tokens: int, seconds: float) -> None:
         """A backend answered a completion request."""

@@ -8,6 +8,12 @@ their sandboxes and closes their LLM requests); with `dual_end` it waits for eve
 fails, times out or is cancelled is simply not usable: it never blocks the group. Every decided group's
 usable response lengths feed the runner's LengthHistory, from which `adaptive` groups get their size.
 
+Refills: a member that failed for an infrastructure reason (`refill_reason`, pipeline/refill.py) is launched
+again as a new member (the next index) while the group needs it (`Group.needs_member`), the group is not
+cancelled or stopping, that member's chain of refills is under `group_refill_attempts` and the group's
+refills under `group_max_refills`; so a refill loop always ends. A refill's bounded staleness also counts
+from the weight versions the group's finished members were sampled under (`Group.sampled_versions`).
+
 Finished groups are kept for the server's result retention (`result_retention_s`, counted from when the
 group finished) and at most `MAX_FINISHED_GROUPS` of them (the oldest go first); running groups are always
 kept.
@@ -30,10 +36,12 @@ from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.redundancy import LengthHistory
+from prorl_server.pipeline.refill import refill_reason
 from prorl_server.pipeline.submission import FinishedJob, check_instance
 from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
 from prorl_server.protocol.groups import (
     GroupMember,
+    GroupRefill,
     GroupRequest,
     GroupResult,
     GroupStatus,
@@ -134,6 +142,9 @@ class Group:
         self.digest = digest
         self.jobs = jobs
         self.tail_pruned = tail_pruned
+        self.slots = list(range(len(jobs)))  # per member, the index of the launched member it stands for
+        self.refills: list[GroupRefill] = []
+        self.cancelled = False
         self.finished: list[tuple[int, JobResult]] = []  # terminal members, in finish order
         self.selected: list[tuple[int, MemberRole]] = []
         self.status = GroupStatus.RUNNING
@@ -154,6 +165,28 @@ class Group:
         """The policy applied: the requested one, or `first_n` when the group is tail-pruned."""
         return Selection.FIRST_N if self.tail_pruned else self.request.selection
 
+    def needs_member(self, running: int) -> bool:
+        """Whether a failed member should be replaced, with `running` members still running: not once
+        cancelled; `first_n` (and a tail-pruned group) only while the running ones cannot make `n` usable;
+        `dual_end` always, since it selects among all its members."""
+        if self.cancelled:
+            return False
+        if self.selection == Selection.FIRST_N:
+            return self.usable + running < self.request.n
+        return True
+
+    def refills_of(self, index: int) -> int:
+        """Refills launched so far for the slot member `index` stands for."""
+        slot = self.slots[index]
+        return sum(self.slots[refill.index] == slot for refill in self.refills)
+
+    def sampled_versions(self) -> tuple[str | int, ...]:
+        """The weight versions the finished members' turns were sampled under, each once."""
+        seen: list[str | int] = []
+        for _, result in self.finished:
+            seen.extend(v for v in result.trajectory.weight_versions if not _among(v, seen))
+        return tuple(seen)
+
     def usable_lengths(self) -> list[int]:
         """Response lengths of the members that completed."""
         return [response_length(result) for _, result in self.finished if result.status == JobStatus.COMPLETED]
@@ -167,11 +200,14 @@ class Group:
         """The group as the API shows it now."""
         results = dict(self.finished)
         roles = dict(self.selected)
+        replaced = {refill.index: refill.replaced_job_id for refill in self.refills}
         members = []
         for index, job in enumerate(self.jobs):
             result = results.get(index)
             if result is None:
-                members.append(GroupMember(index=index, job_id=job.id, status=_live_status(job)))
+                members.append(
+                    GroupMember(index=index, job_id=job.id, status=_live_status(job), refill_of=replaced.get(index))
+                )
                 continue
             members.append(
                 GroupMember(
@@ -183,6 +219,8 @@ class Group:
                     truncated=is_truncated(result),
                     selected=index in roles,
                     role=roles.get(index),
+                    refill_of=replaced.get(index),
+                    weight_versions=result.trajectory.weight_versions,
                 )
             )
         request = self.request
@@ -191,18 +229,23 @@ class Group:
             status=self.status,
             selection=request.selection,
             n=request.n,
-            n_launch=len(self.jobs),
+            n_launch=len(self.jobs) - len(self.refills),
             tail_pruned=self.tail_pruned,
             min_usable=request.needed,
             usable=self.usable,
             partial=self.status != GroupStatus.RUNNING and len(self.selected) < request.n,
             members=members,
+            refills=list(self.refills),
             results=[results[index] for index, _ in self.selected],
         )
 
 
 def _live_status(job: Job | FinishedJob) -> JobStatus:
     return job.status if isinstance(job, Job) else job.result.status
+
+
+def _among(version: str | int, versions: list[str | int]) -> bool:
+    return any(type(v) is type(version) and v == version for v in versions)  # 1 and "1" are two versions
 
 
 class GroupRunner:
@@ -222,6 +265,9 @@ class GroupRunner:
         self._running: dict[str, Group] = {}
         self._finished: OrderedDict[str, Group] = OrderedDict()  # in finish order
         self.lengths = LengthHistory()
+        self.refill_attempts = orchestrator.settings.group_refill_attempts
+        self.max_refills = orchestrator.settings.group_max_refills
+        self.on_refill: Callable[[str], None] | None = None  # each refill launched, with its reason (metrics)
 
     def start(self, request: GroupRequest) -> Group:
         """Submit the members and start the group (call on the event loop). The same request under the same
@@ -267,9 +313,11 @@ class GroupRunner:
         return self._running.get(group_id) or self._finished.get(group_id)
 
     def cancel(self, group_id: str) -> Group | None:
-        """Cancel the group's members still running (the group then ends with what it has); None if unknown."""
+        """Cancel the group's members still running, refills included, and launch no more refills (the group
+        then ends with what it has); None if unknown."""
         group = self.get(group_id)
         if group is not None and not group.done.is_set():
+            group.cancelled = True
             self._cancel_members(group, {job.id for job in group.jobs}, "the group was cancelled by the client")
         return group
 
@@ -286,6 +334,12 @@ class GroupRunner:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for future in sorted(done, key=waits.__getitem__):
                     group.finished.append((waits[future], future.result()))
+                for index, result in group.finished[-len(done) :]:  # refills see every member that just ended
+                    refill = None if stopping else self._refill(group, index, result, len(pending))
+                    if refill is not None:
+                        future = asyncio.ensure_future(refill.wait())
+                        waits[future] = len(group.jobs) - 1
+                        pending.add(future)
                 if (
                     not stopping
                     and pending
@@ -314,6 +368,32 @@ class GroupRunner:
             self._finished[group.id] = group
             group.done.set()
             self._purge()
+
+    def _refill(self, group: Group, index: int, result: JobResult, running: int) -> Job | FinishedJob | None:
+        """Launch a member in place of member `index` when it failed for an infrastructure reason and the
+        group needs one (`running` members still run), within the refill limits: the new member, or None."""
+        reason = refill_reason(result)
+        if (
+            reason is None
+            or not group.needs_member(running)
+            or group.refills_of(index) >= self.refill_attempts
+            or len(group.refills) >= self.max_refills
+        ):
+            return None
+        new_index = len(group.jobs)
+        replaced = group.jobs[index].id
+        try:
+            job = self.orchestrator.submit(member_request(group.request, group.id, new_index), group.sampled_versions())
+        except SubmissionError as exc:
+            log.warning("group %s: member %s failed (%s) and cannot be refilled: %s", group.id, replaced, reason, exc)
+            return None
+        group.jobs.append(job)
+        group.slots.append(group.slots[index])
+        group.refills.append(GroupRefill(index=new_index, job_id=job.id, replaced_job_id=replaced, reason=reason))
+        log.info("group %s: member %s failed (%s); refilled by %s", group.id, replaced, reason, job.id)
+        if self.on_refill is not None:
+            self.on_refill(reason)
+        return job
 
     def _cancel_members(self, group: Group, job_ids: set[str], reason: str) -> None:
         for job in group.jobs:

@@ -162,11 +162,12 @@ class Orchestrator:
 
     # admission ------------------------------------------------------------------------------------
 
-    def submit(self, request: ProcessRequest) -> Job | FinishedJob:
+    def submit(self, request: ProcessRequest, group_versions: tuple[str | int, ...] = ()) -> Job | FinishedJob:
         """Admit a job and queue it for INIT. Raises a SubmissionError subclass when it cannot.
 
         The same request sent again under the same `job_id` gets the job that has it (live, or finished with
         its result still stored) instead of a second run; a different request under that id is DuplicateJob.
+        `group_versions`: for a group's refill, the weight versions its bounded staleness also counts from.
         """
         digest = request_digest(request)
         if request.job_id is not None:
@@ -192,7 +193,7 @@ class Orchestrator:
             raise NotAccepting(
                 f"all {registered} LLM backends are unhealthy (they fail their health checks); see GET /llm_servers"
             )
-        job = self._make_job(request, methods, digest)
+        job = self._make_job(request, methods, digest, group_versions)
         with self._lock:
             live = self._live.get(job.id)
             if live is not None:  # admitted meanwhile by a concurrent submission
@@ -225,7 +226,9 @@ class Orchestrator:
             )
         return FinishedJob(result)
 
-    def _make_job(self, request: ProcessRequest, methods: HandlerMethods, digest: str) -> Job:
+    def _make_job(
+        self, request: ProcessRequest, methods: HandlerMethods, digest: str, group_versions: tuple[str | int, ...]
+    ) -> Job:
         job_id = request.job_id or uuid.uuid4().hex
         agent_keys = AGENT_CONFIG_KEYS | methods.handler.agent_config_keys
         sampling = {k: v for k, v in request.sampling_params.items() if k not in agent_keys}
@@ -246,6 +249,7 @@ class Orchestrator:
             client=self.backends.client,
             data_source=str(request.instance.get("data_source", "")),
             dispatch=self.dispatch,
+            group_versions=group_versions,
         )
         ctx = JobContext(
             job_id=job_id,

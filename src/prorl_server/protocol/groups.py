@@ -15,6 +15,9 @@ With `adaptive` (DARTS' variance-based adaptive redundancy), the server chooses 
 whose lengths varied more get more members. A `dual_end` group whose budget reaches `max_launch` is
 tail-pruned (DARTS' shortest-only sampling with proactive early stop): it keeps the first `n` usable members
 to finish and cancels the rest, as `first_n` does. See pipeline/redundancy.py.
+
+A member that fails for an infrastructure reason (pipeline/refill.py) is refilled: launched again as a new
+member while the group still needs it, within the server's refill limits; `refills` lists each refill.
 """
 
 from __future__ import annotations
@@ -174,21 +177,39 @@ class GroupMember(BaseModel):
     truncated: bool = Field(default=False, description="It hit a length limit (never selected as longest).")
     selected: bool = False
     role: MemberRole | None = Field(default=None, description="Why it was selected (null if not).")
+    refill_of: str | None = Field(
+        default=None, description="The job id of the failed member this one was launched to replace (null if none)."
+    )
+    weight_versions: list[str | int] = Field(
+        default_factory=list, description="Weight versions its turns were sampled under, in order (once terminal)."
+    )
+
+
+class GroupRefill(BaseModel):
+    """One refill: member `index` was launched to replace `replaced_job_id`, which failed with `reason`."""
+
+    index: int
+    job_id: str
+    replaced_job_id: str
+    reason: str = Field(description="The replaced member's `error.type` (an infrastructure failure).")
 
 
 class GroupResult(BaseModel):
     """Answer of `POST /groups` and `GET /groups/{group_id}`.
 
-    `members` lists every launched member by index (cancelled and unselected ones included); `results` holds
-    the selected members' full results in the order selected (empty while running). `partial` is true when
-    fewer than `n` results were selected.
+    `members` lists every launched member by index (cancelled, unselected and refilled ones included);
+    `results` holds the selected members' full results in the order selected (empty while running).
+    `partial` is true when fewer than `n` results were selected. `refills` lists the members launched to
+    replace members that failed for an infrastructure reason, in launch order.
     """
 
     group_id: str
     status: GroupStatus
     selection: Selection
     n: int
-    n_launch: int = Field(description="Members launched (chosen by the server with `adaptive`).")
+    n_launch: int = Field(
+        description="Members launched at the start (chosen by the server with `adaptive`); refills come on top."
+    )
     tail_pruned: bool = Field(
         default=False,
         description="An adaptive dual_end group at its max_launch: the first n usable were kept, the rest cancelled.",
@@ -197,6 +218,7 @@ class GroupResult(BaseModel):
     usable: int = Field(description="Members that completed.")
     partial: bool = False
     members: list[GroupMember]
+    refills: list[GroupRefill] = Field(default_factory=list)
     results: list[JobResult] = Field(default_factory=list)
 
 
