@@ -17,7 +17,7 @@ import pytest
 
 from prorl_server import cli
 from prorl_server.sandbox import SandboxSpec
-from prorl_server.sandbox.apptainer import ENV_BINARY, ApptainerRuntime, find_apptainer
+from prorl_server.sandbox.apptainer import ApptainerRuntime, find_apptainer
 from prorl_server.sandbox.dockerfile import (
     BUILD_DIR,
     TEMPLATE,
@@ -32,7 +32,7 @@ from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
 from prorl_server.sandbox.reaper import new_owner_id
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "images" / "example" / "Dockerfile"
-BASES = (Path("/tmp/apptainer-test/imgroot"), Path("/tmp/apptainer-test/images/py.sif"))
+pytest_plugins = ("image_fixtures",)
 
 
 def step(line: int, keyword: str) -> str:
@@ -357,17 +357,6 @@ def test_cli_explains_a_dockerfile_build_and_refuses_template_flags(tmp_path: Pa
 
 
 # --- a real build ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base() -> Path:
-    """The local base image of scripts/setup-apptainer.sh (skips without apptainer or a base)."""
-    if find_apptainer() is None:
-        pytest.skip(f"needs apptainer (PATH or {ENV_BINARY}); as root: bash scripts/setup-apptainer.sh")
-    found = next((b for b in BASES if b.exists()), None)
-    if found is None:
-        pytest.skip(f"needs a base image, one of {[str(b) for b in BASES]}: bash scripts/setup-apptainer.sh")
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import pytest
 from prorl_server import cli
 from prorl_server.sandbox import Sandbox, SandboxSpec
 from prorl_server.sandbox import images as images_module
-from prorl_server.sandbox.apptainer import ENV_BINARY, ApptainerRuntime, find_apptainer
+from prorl_server.sandbox.apptainer import ApptainerRuntime
 from prorl_server.sandbox.images import TEMPLATES, ImageBuilder, ImageBuildError
 from prorl_server.sandbox.reaper import new_owner_id
 
-BASES = (Path("/tmp/apptainer-test/imgroot"), Path("/tmp/apptainer-test/images/py.sif"))
+pytest_plugins = ("image_fixtures",)
 TINY = """\
 Bootstrap: localimage
 From: {{ base }}
@@ -136,17 +136,6 @@ def test_cli_explain_prints_the_key_and_its_inputs(tmp_path: Path, capsys):
 
 
 # --- real builds -------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base() -> Path:
-    """The local base image of scripts/setup-apptainer.sh (skips without apptainer or a base)."""
-    if find_apptainer() is None:
-        pytest.skip(f"needs apptainer (PATH or {ENV_BINARY}); as root: bash scripts/setup-apptainer.sh")
-    found = next((b for b in BASES if b.exists()), None)
-    if found is None:
-        pytest.skip(f"needs a base image, one of {[str(b) for b in BASES]}: bash scripts/setup-apptainer.sh")
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from prorl_handlers.swe import SWEHandler, load_instances
 
 from prorl_server import cli
-from prorl_server.sandbox.apptainer import ENV_BINARY, find_apptainer
+from prorl_server.sandbox.apptainer import find_apptainer
 from prorl_server.sandbox.build_queue import BuildQueue
 from prorl_server.sandbox.image_cache import ImageCache
 from prorl_server.sandbox.images import DEFAULTS, ImageBuilder
@@ -26,7 +26,7 @@ from prorl_server.sandbox.instance_images import ImageSpec, ImageSpecError, Inst
 from prorl_server.sandbox.registry import unavailable_reason
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "swe-images"
-BASES = (Path("/tmp/apptainer-test/imgroot"), Path("/tmp/apptainer-test/images/py.sif"))
+pytest_plugins = ("image_fixtures",)
 BWRAP = unavailable_reason("bwrap")
 
 
@@ -89,17 +89,6 @@ def test_the_swe_handler_checks_image_fields_and_the_examples_pass(tmp_path: Pat
         handler.validate_instance(escaping)
     plain = {key: value for key, value in examples[0].items() if "dockerfile" not in key}
     handler.validate_instance(plain)  # without a dockerfile: the server's default sandbox, as before
-
-
-@pytest.fixture(scope="module")
-def base() -> Path:
-    """The local base image of scripts/setup-apptainer.sh (skips without apptainer or a base)."""
-    if find_apptainer() is None:
-        pytest.skip(f"needs apptainer (PATH or {ENV_BINARY}); as root: bash scripts/setup-apptainer.sh")
-    found = next((b for b in BASES if b.exists()), None)
-    if found is None:
-        pytest.skip(f"needs a base image, one of {[str(b) for b in BASES]}: bash scripts/setup-apptainer.sh")
-    return found
 
 
 async def test_an_instance_layer_builds_on_its_repository_base_and_is_cached(base: Path, tmp_path: Path, capsys):
