@@ -13,6 +13,7 @@ import json
 import math
 import urllib.request
 import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -282,36 +283,32 @@ def _json(payload: dict[str, Any]) -> bytes:
 
 
 async def _read(response: httpx.Response, limit: int, *, truncate: bool = False) -> bytes | bytearray:
-    """Read a body of at most `limit` bytes; past it, refuse (BackendProtocolError) or, with `truncate`, cut."""
-    url = response.request.url
-    announced = response.headers.get("content-length")
-    plain = response.headers.get("content-encoding", "identity") == "identity"
-    if announced is not None and plain and not truncate:
-        if not (announced.isascii() and announced.isdigit()):
-            raise BackendProtocolError(f"{url}: malformed Content-Length {announced[:40]!r}")
-        if int(announced) > limit:
-            raise BackendProtocolError(
-                f"{url}: answer of {announced} bytes refused unread; this request needs at most {limit}"
-            )
-        return await response.aread()
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) > limit:
-            if truncate:
-                return body[:limit]
-            raise BackendProtocolError(
-                f"{url}: answer passed {limit} bytes, more than this request can need; stopped reading"
-            )
-    return body
+    """Read an httpx body of at most `limit` bytes; past it, refuse (BackendProtocolError) or, with `truncate`,
+    cut."""
+    return await _read_bounded(
+        str(response.request.url), response.headers, limit, truncate, response.aread, response.aiter_bytes()
+    )
 
 
 async def _read_aiohttp(
     response: aiohttp.ClientResponse, url: str, limit: int, *, truncate: bool = False
 ) -> bytes | bytearray:
     """`_read` for an aiohttp response."""
-    announced = response.headers.get("content-length")
-    plain = response.headers.get("content-encoding", "identity") == "identity"
+    return await _read_bounded(url, response.headers, limit, truncate, response.read, response.content.iter_any())
+
+
+async def _read_bounded(
+    url: str,
+    headers: Mapping[str, str],
+    limit: int,
+    truncate: bool,
+    read_all: Callable[[], Awaitable[bytes]],
+    chunks: AsyncIterator[bytes],
+) -> bytes | bytearray:
+    """A body of at most `limit` bytes: refused unread when its Content-Length says more (read whole with
+    `read_all` else), or read by `chunks` and refused, or with `truncate` cut, once it passes `limit`."""
+    announced = headers.get("content-length")
+    plain = headers.get("content-encoding", "identity") == "identity"
     if announced is not None and plain and not truncate:
         if not (announced.isascii() and announced.isdigit()):
             raise BackendProtocolError(f"{url}: malformed Content-Length {announced[:40]!r}")
@@ -319,9 +316,9 @@ async def _read_aiohttp(
             raise BackendProtocolError(
                 f"{url}: answer of {announced} bytes refused unread; this request needs at most {limit}"
             )
-        return await response.read()
+        return await read_all()
     body = bytearray()
-    async for chunk in response.content.iter_any():
+    async for chunk in chunks:
         body += chunk
         if len(body) > limit:
             if truncate:
