@@ -18,7 +18,9 @@ sends is untrusted:
   passed on;
 - a body over `max_body_bytes` (the gateway's `--gateway-max-body-bytes`) gets 413 before it is forwarded;
   a request head still incomplete at MAX_HEAD_BYTES (so a head is at most that plus one read of CHUNK
-  bytes), malformed HTTP, or READ_TIMEOUT_S without a byte while a request is due closes the connection;
+  bytes), malformed HTTP, or READ_TIMEOUT_S without a byte while a request is due closes the connection
+  (after a refusal, what the client still sends is read and dropped for up to LINGER_S, so that it reads the
+  answer rather than a reset);
   at most MAX_CONNECTIONS connections at once (more are closed at once);
 - a client that closes its connection while its completion runs aborts it (the upstream request is closed,
   so the gateway aborts the backend request), as a harness on the host would.
@@ -56,6 +58,8 @@ MAX_HEAD_BYTES = 16 * 1024
 READ_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
 CHUNK = 64 * 1024  # bytes read or relayed at a time
+LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped before closing
+LINGER_BYTES = 16 * 1024 * 1024  # and at most this much of it
 SOCKET_NAME = "gw.sock"
 PASSED_HEADERS = (b"content-type",)
 
@@ -158,6 +162,7 @@ class SessionBridge:
                 body = await self._body(connection, reader, request)
             except _Refused as refused:
                 await _send_error(connection, writer, request, refused.error)
+                await _linger(reader)
                 return
             if not await self._forward(connection, reader, writer, request, suffix, body):
                 return
@@ -242,6 +247,19 @@ class SessionBridge:
         finally:
             await response.aclose()
         return True
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client still sends after a refusal (at most LINGER_BYTES, for at most LINGER_S),
+    so that a client still writing the body it was refused for reads the answer, not a reset connection."""
+    received = 0
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(LINGER_S):
+            while received < LINGER_BYTES:
+                chunk = await reader.read(CHUNK)
+                if not chunk:
+                    return
+                received += len(chunk)
 
 
 async def _next_event(connection: h11.Connection, reader: asyncio.StreamReader) -> h11.Event | type[h11.PAUSED]:
