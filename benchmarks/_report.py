@@ -71,3 +71,11 @@ def finish(report: dict[str, Any], failures: dict[str, str], json_path: Path | N
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"figures written to {json_path}")
     return 1 if failures else 0
+
+
+def children_run_this_checkout() -> None:
+    """Put this checkout's `src` (and the handlers') first on PYTHONPATH, so that the child processes a
+    benchmark starts run its code, not whatever prorl_server the interpreter has installed."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root / "src"), str(root / "handlers" / "src"), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

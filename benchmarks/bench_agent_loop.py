@@ -93,9 +93,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from _report import check, finish, percentile_ms, positive_int, print_checks, report_header
+from _report import check, children_run_this_checkout, finish, percentile_ms, positive_int, print_checks, report_header
 
-ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 HANDLER = f"agent_loop_bench={HERE / 'agent_loop_handler.py'}:AgentLoopBenchHandler"
 MARK = re.compile(rb"@@(\d+)@@")
@@ -481,8 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sim_child:
         return simulator_child(args)
-    paths = [str(ROOT / "src"), str(ROOT / "handlers" / "src"), os.environ.get("PYTHONPATH", "")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # the children run this checkout's code
+    children_run_this_checkout()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     started = time.monotonic()
     report: dict[str, Any] = report_header(args)

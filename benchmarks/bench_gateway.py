@@ -83,13 +83,12 @@ from typing import Any
 import anthropic
 import httpx
 import openai
-from _report import check, finish, percentile_ms, positive_int, print_checks, report_header
+from _report import check, children_run_this_checkout, finish, percentile_ms, positive_int, print_checks, report_header
 
 from prorl_server.launch import LocalStack, auth_headers
 from prorl_server.launch.local_stack import free_port
 from prorl_server.testing.scripted_backend import MODEL_NAME
 
-ROOT = Path(__file__).resolve().parent.parent
 REPLY = "The answer is forty-two, as usual."
 QUESTIONS = [
     "Name three colors of the rainbow.",
@@ -513,9 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=positive_int, default=4, help="conversations at once, part 2")
     parser.add_argument("--skip-exactness", action="store_true", help="part 1 only (no dev engine needed)")
     args = parser.parse_args(argv)
-    # the child processes run this checkout's code, not whatever prorl_server the interpreter has installed
-    paths = [str(ROOT / "src"), str(ROOT / "handlers" / "src"), os.environ.get("PYTHONPATH", "")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    children_run_this_checkout()
     started = time.monotonic()
     report: dict[str, Any] = report_header(args)
     failures: dict[str, str] = {}
