@@ -223,8 +223,11 @@ def test_pause_from_another_thread_while_jobs_run_on_stage_loops(start_server, b
     assert body["drained"] and body["in_flight_calls"] == 0
     sent = len(backend.double.requests)
     time.sleep(0.5)
+    # a request the pause aborted while its bytes were on the wire may reach the double late: it is logged
+    # then, already aborted; nothing is sent afresh and nothing runs while paused
+    late = [r.outcome for r in backend.double.requests[sent:]]
     running = [r for r in backend.double.requests if r.outcome == "running"]
-    assert len(backend.double.requests) == sent and not running
+    assert (not late if mode == "wait" else set(late) <= {"aborted"}) and not running, (late, running)
     assert server.http.post("/weights/update", json={"version": 2}).status_code == 200
     assert server.http.post("/weights/resume").status_code == 200
     for i in range(4):
