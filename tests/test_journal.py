@@ -290,3 +290,47 @@ def test_a_batch_larger_than_one_statement_is_written_whole(tmp_path):
     assert [kept.seq for kept in recovered.results] == list(range(2, 401, 2))
     assert [kept.result for kept in recovered.results] == results[1::2]
     assert recovered.next_seq == 401 and recovered.in_flight == []
+
+
+def test_a_waiter_is_committed_at_once_when_every_job_in_flight_waits(tmp_path, monkeypatch):
+    """The writer holds commits apart to batch them, but not when someone waits and no job is in flight (no
+    result is coming that could share the commit). Shown with the interval set to a minute."""
+    import asyncio
+
+    from prorl_server.journal import writer as writer_module
+    from prorl_server.journal.lock import JournalLock
+    from prorl_server.journal.process import WriterProcess
+    from prorl_server.protocol import ProcessRequest
+
+    monkeypatch.setattr(writer_module, "COMMIT_INTERVAL_S", 60.0)
+    path = tmp_path / "journal.sqlite3"
+    lock = JournalLock(path)
+    open_database(path).close()
+    assert lock.fd is not None
+    journal = writer_module.JournalWriter(WriterProcess(path, "normal", lock.fd), path, 3600.0, 3600.0)
+    journal.start()
+
+    def job(job_id: str) -> tuple[ProcessRequest, JobResult]:
+        request = ProcessRequest.model_validate({**JOB, "job_id": job_id})
+        return request, JobResult(job_id=job_id, status=JobStatus.COMPLETED, reward=1.0)
+
+    async def scenario() -> None:
+        (req_a, res_a), (req_b, res_b) = job("a"), job("b")
+        journal.admitted("a", "digest-a", req_a)
+        journal.admitted("b", "digest-b", req_b)
+        await journal.durable()  # the first change after a quiet spell is committed at once
+        journal.stored(1, res_a, "digest-a")
+        waiter = asyncio.ensure_future(journal.durable())
+        await asyncio.sleep(0.5)
+        assert not waiter.done(), "b is still in flight: the commit waits for the interval (a minute here)"
+        journal.stored(2, res_b, "digest-b")
+        await asyncio.wait_for(asyncio.shield(waiter), 10)  # b has finished too: nothing is in flight
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        journal.close()
+        lock.release()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM results").fetchone()[0] == 2
+        assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0

@@ -30,8 +30,10 @@ MAX_BATCH = 2048
 COMMIT_INTERVAL_S = 0.002
 """Commits start at least this far apart: under load, what queues up meanwhile shares one commit (a commit,
 with its round trip to the writer process and its thread wake-ups, costs several times what one more row
-in it costs). A change that comes after
-a quiet spell is committed at once; a result is committed at most this much later than it would be without."""
+in it costs). A change that comes after a quiet spell is committed at once, and so is a batch that someone
+waits for (`durable()`) while no job is in flight: then no result is coming that could share the commit (one
+request at a time pays the commit, not the interval). A result is committed at most this much later than it
+would be without."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class JournalWriter:
         self._compact_interval_s = compact_interval_s
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._count_lock = threading.Lock()
+        self._open: set[str] = set()  # jobs admitted and not yet stored
+        self._waiting = 0  # durable() calls not yet released
+        self._kick = threading.Event()  # ends the writer's wait between commits: a waiter, and no job in flight
         self._enqueued = 0  # changes queued so far
         self._written = 0  # changes committed (or given up on after a write error) so far
         self._failing = False
@@ -101,8 +106,17 @@ class JournalWriter:
         with self._count_lock:
             if self._closed:
                 return
+            if isinstance(change, _Admitted):
+                self._open.add(change.job_id)
+            elif isinstance(change, _Stored):
+                self._open.discard(change.result.job_id)
             self._enqueued += 1
             self._queue.put(change)
+            self._kick_if_all_wait()
+
+    def _kick_if_all_wait(self) -> None:
+        if self._waiting and not self._open:
+            self._kick.set()
 
     async def durable(self) -> None:
         """Return once every change queued before this call is committed (at once if there is none)."""
@@ -113,7 +127,9 @@ class JournalWriter:
         with self._count_lock:
             if self._closed:  # close() writes everything queued before it returns
                 return
+            self._waiting += 1
             self._queue.put(_Barrier(loop, future))
+            self._kick_if_all_wait()
         await future
 
     # the writer thread ----------------------------------------------------------------------------
@@ -125,6 +141,7 @@ class JournalWriter:
                 return
             self._closed = True
             self._queue.put(_STOP)
+            self._kick.set()
         if self._thread.is_alive():
             self._thread.join()
         self._process.close()
@@ -141,7 +158,8 @@ class JournalWriter:
                 batch = []
             wait = last_commit + COMMIT_INTERVAL_S - time.monotonic()
             if batch and wait > 0:
-                time.sleep(wait)
+                self._kick.wait(wait)
+            self._kick.clear()  # before taking the batch: a kick for a change taken later stays set
             while len(batch) < MAX_BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -175,6 +193,9 @@ class JournalWriter:
 
     def _release(self, barriers: list[_Barrier]) -> None:
         """Wake the waiters of `durable()`: one hop per event loop, however many wait on it."""
+        if barriers:
+            with self._count_lock:
+                self._waiting -= len(barriers)
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = defaultdict(list)
         for barrier in barriers:
             by_loop[barrier.loop].append(barrier.future)
