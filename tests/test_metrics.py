@@ -229,3 +229,39 @@ def test_without_the_action_scheduler_there_are_no_action_metrics(start_server, 
     server = start_server([backend.address], runtime="local", action_scheduler=False)
     assert "prorl_action_" not in server.http.get("/metrics").text
     assert server.http.get("/status").json()["actions"] is None
+
+
+class LoopBlockingHandler(AgentHandler):
+    """RUN blocks its stage's event loop for 300 ms (time.sleep in an async method: what not to do)."""
+
+    name = "blocking"
+
+    async def run(self, ctx: JobContext) -> None:
+        import time
+
+        time.sleep(0.3)
+
+    async def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+def test_event_loop_lag_is_sampled_on_every_loop(start_server, backend):
+    server = start_server([backend.address], handlers={"blocking": LoopBlockingHandler()})
+
+    def late(samples: dict, loop: str) -> float:
+        """Samples of `loop` later than 100 ms."""
+        total = value(samples, "prorl_event_loop_lag_seconds_count", loop=loop)
+        return total - value(samples, "prorl_event_loop_lag_seconds_bucket", loop=loop, le="0.1")
+
+    wait_for(
+        lambda: all(value(scrape(server), "prorl_event_loop_lag_seconds_count", loop=loop) > 0 for loop in LOOPS),
+        10,
+        "every loop sampled",
+    )
+    before = scrape(server)
+    submit(server, "blocks", instance={"data_source": "blocking"})
+    assert result(server, "blocks")["status"] == "completed"
+    wait_for(lambda: late(scrape(server), "run") > late(before, "run"), 10, "the RUN loop's late sample")
+
+
+LOOPS = ("api", "init", "run", "eval")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from prorl_server.api.weights import router as weights_router
 from prorl_server.config import ServerSettings
 from prorl_server.gateway import router as gateway
 from prorl_server.pipeline.groups import GroupRunner
+from prorl_server.pipeline.loop_lag import probe
 
 
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:
@@ -31,9 +33,11 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.open()
+        lag_probe = asyncio.create_task(probe(state.metrics.api_lag), name="prorl-api-lag-probe")
         try:
             yield
         finally:
+            lag_probe.cancel()
             await state.close()
 
     app = FastAPI(title="prorl-server", version=__version__, lifespan=lifespan)

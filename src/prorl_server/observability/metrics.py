@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from prorl_server.actions.model_services import ModelServiceSnapshot, ServiceState
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
+from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
 from prorl_server.pipeline.stages import STAGES
 from prorl_server.protocol import JobResult
 from prorl_server.tools.responses import RESPONSES
@@ -153,7 +154,8 @@ class ServerMetrics:
         self.results_acknowledged = Counter(
             "prorl_results_acknowledged", "Stored results removed by an acknowledgement.", registry=r
         )
-        r.register(_StateCollector(orchestrator))
+        self.api_lag = LoopLag()  # sampled by the app's lifespan (api/app.py)
+        r.register(_StateCollector(orchestrator, self.api_lag))
         self._hook(orchestrator)
 
     def _hook(self, orchestrator: Orchestrator) -> None:
@@ -219,8 +221,23 @@ class ServerMetrics:
 class _StateCollector(Collector):
     """Gauges read from the pipeline, the backend pool and the sandbox manager at each scrape."""
 
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: Orchestrator, api_lag: LoopLag) -> None:
         self._orchestrator = orchestrator
+        self._api_lag = api_lag
+
+    def _loop_lag(self) -> Metric:
+        """How late each event loop runs what is due on it: the API's and each stage's."""
+        lag = HistogramMetricFamily(
+            "prorl_event_loop_lag_seconds",
+            f"How late an event loop ran a callback due on it, sampled every {PROBE_S:g} s, by loop (api, or a "
+            "stage); a loop late by tens of milliseconds delays everything on it.",
+            labels=["loop"],
+        )
+        loops = {"api": self._api_lag} | {stage.value: self._orchestrator.pools[stage].lag for stage in STAGES}
+        for name, recorded in loops.items():
+            if recorded is not None:
+                lag.add_metric([name], _buckets(recorded), recorded.sum)
+        return lag
 
     def collect(self) -> Iterator[Metric]:
         orchestrator = self._orchestrator
@@ -251,6 +268,7 @@ class _StateCollector(Collector):
             stuck_threads.add_metric([stage.value], pool.stuck_total)
             restarts.add_metric([stage.value], status.loop_restarts[stage])
         yield from (depth, busy, workers, stuck, stuck_threads, restarts)
+        yield self._loop_lag()
         yield _gauge(
             "prorl_degraded", "1 while GET /health answers 503 degraded (see GET /status).", bool(status.problems)
         )
@@ -330,7 +348,7 @@ def _action_metrics(scheduler: ActionScheduler) -> Iterator[Metric]:
     yield from (completion, queue, cores, refused)
 
 
-def _buckets(distribution: Distribution) -> list[tuple[str, float]]:
+def _buckets(distribution: Distribution | LoopLag) -> list[tuple[str, float]]:
     """A distribution's buckets as Prometheus has them: cumulative, `+Inf` last."""
     bounds = [*(str(float(b)) for b in distribution.bounds), "+Inf"]
     cumulative = itertools.accumulate(distribution.counts)

@@ -1,4 +1,4 @@
-"""A thread that owns one asyncio event loop, and says when that loop died or stalls."""
+"""A thread that owns one asyncio event loop, and says when that loop died, stalls or runs late."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HEARTBEAT_S = 1.0
-"""How often a running loop marks that it turns (see `LoopThread.stalled_s`)."""
+"""A loop that has not turned for this long is late (see `LoopThread.stalled_s`); its heartbeat, which also
+samples its lag (`LoopThread.lag`), beats every `loop_lag.PROBE_S`."""
 
 
 class LoopThread:
@@ -34,6 +37,7 @@ class LoopThread:
         self._on_death = on_death
         self._stopping = False
         self._last_beat = time.monotonic()
+        self.lag = LoopLag()
 
     def start(self) -> None:
         """Start the thread and wait until its loop runs."""
@@ -49,7 +53,8 @@ class LoopThread:
         asyncio.set_event_loop(loop)
         self.loop = loop
         loop.call_soon(self._ready.set)
-        loop.call_soon(self._beat, loop)
+        self._last_beat = time.monotonic()
+        loop.call_soon(self._beat, loop, self._last_beat)
         error: BaseException | None = None
         try:
             loop.run_forever()
@@ -66,9 +71,10 @@ class LoopThread:
         finally:
             loop.close()
 
-    def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._last_beat = time.monotonic()
-        loop.call_later(HEARTBEAT_S, self._beat, loop)
+    def _beat(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        now = self._last_beat = time.monotonic()
+        self.lag.record(now - due)
+        loop.call_later(PROBE_S, self._beat, loop, now + PROBE_S)
 
     @property
     def stalled_s(self) -> float:

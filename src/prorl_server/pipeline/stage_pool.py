@@ -15,6 +15,7 @@ from typing import Any
 from prorl_server.handlers.failure import exception_message
 from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.pipeline.job import Job
+from prorl_server.pipeline.loop_lag import LoopLag
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.pipeline.stages import Stage
 
@@ -87,6 +88,12 @@ class StagePool:
         """Seconds the stage's loop is late to turn (a handler blocks it); 0 when it turns."""
         thread = self._thread
         return thread.stalled_s if thread is not None else 0.0
+
+    @property
+    def lag(self) -> LoopLag | None:
+        """How late the stage's loop runs what is due on it (None while the pool is stopped)."""
+        thread = self._thread
+        return thread.lag if thread is not None else None
 
     @property
     def stuck(self) -> int:
