@@ -9,8 +9,10 @@ every operation of the OpenAPI document, with data that fits the schema and data
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,3 +261,21 @@ def test_schemathesis_finds_no_internal_error(hostile_server, mode):
     fuzz()
     assert statuses & {400, 404, 422}
     assert server.http.get("/health").json() == {"status": "ok", "running": True, "problems": []}
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(hostile_server, caplog):
+    """Under load a client may close its connection while its body is still on the way: that is logged as
+    nothing worse than debug, and the server goes on serving."""
+    address = urlsplit(hostile_server.url)
+    head = (
+        f"POST /jobs HTTP/1.1\r\nHost: {address.netloc}\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            with socket.create_connection((address.hostname, address.port), timeout=3) as sock:
+                sock.sendall(head.encode() + b'{"instance": {"data_')
+            time.sleep(0.2)
+        assert hostile_server.http.get("/health").status_code == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]

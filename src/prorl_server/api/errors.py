@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from prorl_server.handlers import HandlerLoadError, UnknownDataSource
 from prorl_server.pipeline import DuplicateJob, InvalidInstance, NotAccepting
@@ -34,6 +35,7 @@ def install_error_handlers(app: FastAPI) -> None:
     for exc_type, status in _STATUS.items():
         app.add_exception_handler(exc_type, _mapped(status))
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
 
 
@@ -42,6 +44,13 @@ def _mapped(status: int):
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
     return handler
+
+
+async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+    """The client closed its connection before its body was read: nothing was done, nobody reads the answer
+    (an ordinary event under load, not a server error)."""
+    log.debug("%s %s: the client disconnected before its body was read", request.method, request.url.path)
+    return JSONResponse({"detail": "the client disconnected before its body was read"}, status_code=400)
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
