@@ -91,3 +91,36 @@ def ended(handler: WaitsForeverHandler, count: int, timeout: float = 30.0) -> bo
     while len(handler.ended) < count and time.monotonic() < deadline:
         time.sleep(0.01)
     return len(handler.ended) == count
+
+
+def test_handler_threads_start_when_calls_need_them_up_to_the_stage_size():
+    """A stage's threads for plain-def methods start on demand (10,000 async-only workers start none), run
+    `size` calls at once, are reused, and a call beyond `size` waits for one to free up."""
+    from prorl_server.pipeline.handler_threads import HandlerThreads
+
+    pool = HandlerThreads(4, "on-demand-test")
+
+    def ours() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("on-demand-test-")]
+
+    async def main() -> None:
+        assert not ours()
+        together = threading.Barrier(4, timeout=10)  # passes only with 4 calls running at once
+        outcomes = await asyncio.gather(*(pool.run(together.wait, owner=f"j{i}") for i in range(4)))
+        assert all(ok for ok, _ in outcomes), outcomes
+        for _ in range(8):
+            assert (await pool.run(threading.get_ident, owner="again"))[0]
+        assert len(ours()) == 4  # reused, none added
+        release = threading.Event()
+        busy = [asyncio.ensure_future(pool.run(release.wait, 10, owner=f"b{i}")) for i in range(4)]
+        fifth = asyncio.ensure_future(pool.run(time.monotonic, owner="fifth"))
+        await asyncio.sleep(0.3)
+        assert not fifth.done() and len(ours()) == 4  # waits for a thread: the stage has 4
+        release.set()
+        assert (await asyncio.wait_for(fifth, 10))[0]
+        await asyncio.gather(*busy)
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()

@@ -1,6 +1,9 @@
 """HandlerThreads: the threads a stage runs plain-`def` handler methods on, kept at their number when a
 handler blocks one for good.
 
+Threads start when a call needs one and none is idle, up to `size`, and stay for later calls: a stage of
+10,000 workers whose handlers are all `async def` starts none (an idle thread still holds its stack).
+
 A thread cannot be killed. When the job of a call ends (timeout, cancel), the call is abandoned; if it does not
 return within the cancel grace (`settle`), it is *stuck*: its thread goes on with it, no longer counted, and a new thread takes
 its place, so the stage keeps `size` threads for new calls. At most `max_stuck` stuck calls are replaced;
@@ -42,7 +45,8 @@ class _Call:
 
 
 class HandlerThreads:
-    """`size` threads for one stage's plain-`def` handler calls; stuck ones are replaced (see the module)."""
+    """Up to `size` threads for one stage's plain-`def` handler calls, started on demand; stuck ones are
+    replaced (see the module)."""
 
     def __init__(self, size: int, name: str, max_stuck: int | None = None) -> None:
         self.size = size
@@ -55,13 +59,9 @@ class HandlerThreads:
         self._abandoned: set[_Call] = set()  # running, their caller cancelled, not settled yet
         self._stuck: set[_Call] = set()
         self._serial = itertools.count()
+        self._idle = 0  # threads waiting for a call that no queued call has claimed
+        self._backlog = 0  # calls queued that no thread has been claimed for (all busy, none may start)
         self._closed = False
-
-    def start(self) -> None:
-        """Start the `size` threads."""
-        with self._lock:
-            for _ in range(self.size):
-                self._spawn_locked()
 
     @property
     def stuck(self) -> int:
@@ -75,6 +75,13 @@ class HandlerThreads:
         whether its thread is stuck."""
         loop = asyncio.get_running_loop()
         call = _Call(fn, args, owner, loop, loop.create_future())
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self.size + min(len(self._stuck), self.max_stuck):
+                self._spawn_locked()
+            else:
+                self._backlog += 1
         self._work.put(call)
         try:
             return await asyncio.shield(call.future)
@@ -103,8 +110,9 @@ class HandlerThreads:
                 return False
             self._stuck.add(call)
             self.stuck_total += 1
-            stuck = len(self._stuck)
-            if stuck <= self.max_stuck:
+            stuck = len(self._stuck)  # the next call that finds no idle thread starts one in its place
+            if self._backlog and stuck <= self.max_stuck:  # or a call queued for a thread now
+                self._backlog -= 1
                 self._spawn_locked()
         log.warning(
             "thread %s is stuck in a plain-def handler method of job %s after its end (%d stuck in %s); %s",
@@ -129,6 +137,8 @@ class HandlerThreads:
                 break
             with call.lock:
                 if call.abandoned:
+                    with self._lock:
+                        self._next_locked()
                     continue
                 call.started, call.thread = True, me.name
             try:
@@ -143,6 +153,8 @@ class HandlerThreads:
                 surplus = was_stuck and len(self._threads) - len(self._stuck) > self.size
                 if surplus or self._closed:
                     self._threads.discard(me)
+                else:
+                    self._next_locked()
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for it
                 call.loop.call_soon_threadsafe(_deliver, call.future, outcome)
             del call, outcome
@@ -150,6 +162,13 @@ class HandlerThreads:
                 return
         with self._lock:
             self._threads.discard(me)
+
+    def _next_locked(self) -> None:
+        """This thread is free again: it takes a queued call no thread was claimed for, else waits idle."""
+        if self._backlog:
+            self._backlog -= 1
+        else:
+            self._idle += 1
 
     def shutdown(self) -> None:
         """Let idle threads exit; calls still running finish on their own (their threads are daemons)."""

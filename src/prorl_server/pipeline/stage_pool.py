@@ -107,12 +107,11 @@ class StagePool:
         return self._stuck_before + self.threads.stuck_total
 
     def start(self) -> None:
-        """Start the handler threads, the loop thread and its workers."""
+        """Start the loop thread and its workers (handler threads start when a plain-def call needs one)."""
         with self._lifecycle:
             self._stopped = False
             self._stuck_before = self.stuck_total
             self.threads = HandlerThreads(self.workers, f"prorl-{self.stage}-sync")
-            self.threads.start()
             self._start_loop_locked()
 
     def _start_loop_locked(self) -> None:
