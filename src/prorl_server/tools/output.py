@@ -34,7 +34,11 @@ def truncation_marker(omitted: int) -> str:
 
 def clean_terminal_text(text: str) -> str:
     """Drop ANSI escapes; CRLF becomes LF; a line rewritten with CR (progress bars) keeps its last state."""
-    text = _ANSI.sub("", text).replace("\r\n", "\n")
+    if "\x1b" in text:  # the scan for an escape costs a hundredth of the substitution (1 MB: 0.1 vs 9 ms)
+        text = _ANSI.sub("", text)
+    if "\r" not in text:
+        return text
+    text = text.replace("\r\n", "\n")
     if "\r" not in text:
         return text
     return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
