@@ -2,8 +2,8 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--levels 100,1000,10000] [--turns 3]
-        [--tool-s 60] [--window-s 30] [--tokens 8] [--time-scale 50] [--seed 0] [--logs DIR]
+    .venv/bin/python benchmarks/bench_scale.py [--json out.json] [--levels 100,1000,10000] [--turns 5]
+        [--tool-s 40] [--window-s 20] [--tokens 8] [--time-scale 50] [--seed 0] [--logs DIR]
 
 About 4 minutes on 2 cores with the defaults. For each level, a fresh simulator (`prorl-server sim-llm`,
 `--max-num-seqs` = the level: no engine queue) and a fresh server (`serve --runtime local`, RUN and INIT
@@ -12,11 +12,11 @@ requests on the same 2 cores, answers a health check late), both child processes
 PID; they import this checkout). The trajectories are bench_agent_loop.py's (agent_loop_handler.py: the built-in AgentLoop, one `work`
 tool call per turn that sleeps the turn's tool time; no sandbox): `--turns` turns of `--tokens` tokens,
 tool times lognormal around `--tool-s` (sigma 0.2), each starting after a seeded delay uniform in
-[0, `--tool-s` / 3]. A trajectory lives (admitted, its job not ended) for `--turns` tool times, nearly all of
+[0, `--tool-s`], so that turns are spread evenly over time. A trajectory lives (admitted, its job not ended) for `--turns` tool times, nearly all of
 it in its tool's sleep or its LLM call: what the server holds for it, and what each turn costs, is what is
 measured. 16 short jobs first warm the server up (imports, first connections); then the server's idle CPU
 is measured for 5 s; then the level's jobs go in with `POST /jobs` (64 requests in flight); once every start
-delay is over, a window of `--window-s` seconds is measured, and the server is stopped with its jobs live.
+delay is over (`--tool-s` after the last submission), a window of `--window-s` seconds is measured, and the server is stopped with its jobs live.
 
 Per level, over the window:
 - memory per live job: the server's resident set (VmRSS, sampled every 0.5 s), median, minus the resident
@@ -80,7 +80,7 @@ def plans(args: argparse.Namespace, count: int, prefix: str, tool_s: float) -> l
                 "data_source": "agent_loop_bench",
                 "index": i,
                 "prompt": f"Task {i}: make the failing test pass. " + "x" * rng.randint(100, 300),
-                "delay_s": rng.uniform(0, tool_s / 3),
+                "delay_s": rng.uniform(0, tool_s),
                 "tool_s": [rng.lognormvariate(math.log(tool_s), 0.2) for _ in range(args.turns)],
                 "observations": [rng.randint(50, 200) for _ in range(args.turns)],
                 "turns": args.turns,
@@ -219,7 +219,7 @@ def run_level(level: int, args: argparse.Namespace, logs: Path) -> dict[str, Any
                 started = time.monotonic()
                 await submit_all(plans(args, level, "run", args.tool_s), "run", "/jobs")
                 out["submit_s"] = time.monotonic() - started
-                await asyncio.sleep(args.tool_s / 3)  # every start delay is over: all have started
+                await asyncio.sleep(args.tool_s)  # every start delay is over: all have started, turns are spread
                 sampler = Sampler(pid)
                 first = (await call("GET", "/metrics")).text
                 cpu0, window0 = cpu_s(pid), time.monotonic()
@@ -320,10 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--levels", default="100,1000,10000", help="live trajectories per run, comma-separated")
-    parser.add_argument("--turns", type=positive_int, default=3, help="turns per trajectory")
+    parser.add_argument("--turns", type=positive_int, default=5, help="turns per trajectory")
     parser.add_argument("--tokens", type=positive_int, default=8, help="output tokens per turn")
-    parser.add_argument("--tool-s", type=float, default=60.0, help="median tool time per turn, wall seconds")
-    parser.add_argument("--window-s", type=float, default=30.0, help="seconds measured with every trajectory live")
+    parser.add_argument("--tool-s", type=float, default=40.0, help="median tool time per turn, wall seconds")
+    parser.add_argument("--window-s", type=float, default=20.0, help="seconds measured with every trajectory live")
     parser.add_argument("--time-scale", type=float, default=50.0, help="the simulator's simulated s per wall s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logs", type=Path, help="keep the simulator's and servers' logs here (default: discarded)")
