@@ -16,7 +16,8 @@ tool times lognormal around `--tool-s` (sigma 0.2), each starting after a seeded
 it in its tool's sleep or its LLM call: what the server holds for it, and what each turn costs, is what is
 measured. 16 short jobs first warm the server up (imports, first connections); then the server's idle CPU
 is measured for 5 s; then the level's jobs go in with `POST /jobs` (64 requests in flight); once every start
-delay is over (`--tool-s` after the last submission), a window of `--window-s` seconds is measured, and the server is stopped with its jobs live.
+delay is over (`--tool-s` after the last submission), a window of `--window-s` seconds is measured, and the
+server is stopped with its jobs live.
 
 Per level, over the window:
 - memory per live job: the server's resident set (VmRSS, sampled every 0.5 s), median, minus the resident
