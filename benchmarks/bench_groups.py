@@ -20,8 +20,8 @@ SandboxError (an infrastructure failure, as when a sandbox cannot start) with pr
 drawn from its job id and `--seed`, so every arm sees the same failures; a refill is a new job id and draws
 again. Times below are simulated seconds (wall seconds x `--time-scale`).
 
-Arms (`ARMS`, a registry: a new arm is one `Arm` entry naming its server settings, pause mode and handler
-options):
+Arms (`ARMS`, a registry: a new arm is one `Arm` entry naming its server settings, the update's pause mode
+and the factory of its member handler, `GroupBenchHandler.from_args` unless it brings its own):
 
 - `today-abort`: no refill (`group_refill_attempts` 0), the update aborts the calls in flight (resent after);
 - `today-wait`: no refill, the update waits for the calls in flight (nothing discarded, the trainer waits);
@@ -38,7 +38,9 @@ Figures per arm, per step (means over the steps):
 - `tokens_discarded`: tokens the engine decoded that no member's trajectory carries (calls aborted by the
   update), and `tokens_in_lost_groups`: model tokens of the members of lost groups; `tokens_wasted` is both;
 - `in_flight_tokens`: tokens the calls in flight had decoded when the update paused them (the engine's count
-  just before the pause), and `discarded_pct` = tokens_discarded / in_flight_tokens;
+  just before the pause), and `discarded_pct` = tokens_discarded / in_flight_tokens. With abort it can pass
+  100%: the simulator goes on decoding an aborted call until the closed connection reaches it, and the wall
+  time that takes (server, simulator and client share this process) counts `--time-scale` times over;
 - `update_wait_s`: how long the pause took to answer (the trainer waits for it before it can update).
 
 Targets (issue 25): a 5% infrastructure failure rate costs <= 5% of groups with refills (today about a
@@ -67,6 +69,7 @@ import hashlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,30 +106,6 @@ STEP_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class Arm:
-    """One configuration: server settings on top of the defaults, the update's pause mode, handler options."""
-
-    name: str
-    description: str
-    settings: dict[str, Any] = field(default_factory=dict)
-    pause_mode: str = "abort"
-    handler: dict[str, Any] = field(default_factory=dict)
-
-
-NO_REFILL = {"group_refill_attempts": 0}
-ARMS: dict[str, Arm] = {
-    arm.name: arm
-    for arm in (
-        Arm("today-abort", "no refill; update aborts calls in flight", NO_REFILL, "abort"),
-        Arm("today-wait", "no refill; update waits for calls in flight", NO_REFILL, "wait"),
-        Arm("refill", "failed members refilled; update aborts", {}, "abort"),
-        Arm("keep", "no refill; update keeps calls in flight", NO_REFILL, "keep"),
-        Arm("refill+keep", "failed members refilled; update keeps", {}, "keep"),
-    )
-}
-
-
 class GroupBenchHandler(AgentHandler):
     """A member: a simulated INIT that fails at `failure_rate` (seeded by job id), then `turns` LLM turns."""
 
@@ -138,6 +117,17 @@ class GroupBenchHandler(AgentHandler):
         self.seed = seed
         self.turns = turns
         self.time_scale = time_scale
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GroupBenchHandler:
+        """The handler the command line describes."""
+        return cls(
+            init_s=args.init_s,
+            failure_rate=args.failure_rate,
+            seed=args.seed,
+            turns=args.turns,
+            time_scale=args.time_scale,
+        )
 
     def fails(self, job_id: str) -> bool:
         """Whether this job's INIT fails: a draw from its id and the seed, the same in every arm."""
@@ -160,6 +150,31 @@ class GroupBenchHandler(AgentHandler):
         return 1.0
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One configuration (a row): server settings on top of the defaults, the update's pause mode, and the
+    factory of the member handler (registered under DATA_SOURCE)."""
+
+    name: str
+    description: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    pause_mode: str = "abort"
+    handler: Callable[[argparse.Namespace], AgentHandler] = GroupBenchHandler.from_args
+
+
+NO_REFILL = {"group_refill_attempts": 0}
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("today-abort", "no refill; update aborts calls in flight", NO_REFILL, "abort"),
+        Arm("today-wait", "no refill; update waits for calls in flight", NO_REFILL, "wait"),
+        Arm("refill", "failed members refilled; update aborts", {}, "abort"),
+        Arm("keep", "no refill; update keeps calls in flight", NO_REFILL, "keep"),
+        Arm("refill+keep", "failed members refilled; update keeps", {}, "keep"),
+    )
+}
+
+
 class Bench:
     """One arm's server, simulator and HTTP client."""
 
@@ -167,16 +182,8 @@ class Bench:
         self.arm = arm
         self.args = args
         self.sim = SimLLMServer(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs, seed=args.seed)
-        handler = GroupBenchHandler(
-            init_s=args.init_s,
-            failure_rate=args.failure_rate,
-            seed=args.seed,
-            turns=args.turns,
-            time_scale=args.time_scale,
-            **arm.handler,
-        )
         self.registry = HandlerRegistry()
-        self.registry.register(DATA_SOURCE, handler)
+        self.registry.register(DATA_SOURCE, arm.handler(args))
         self.server: UvicornThread | None = None
         self.version = 1
 
