@@ -120,7 +120,8 @@ def test_keep_drops_a_turn_resumed_past_max_staleness(start_server, dev_engine):
     pause_keep_update_resume(server, hold_s=0.2)
     res = result(server, "strict", timeout=120)
     assert res["status"] == "stale", res
-    assert "resumed under it after a keep pause" in res["error"]["message"]
+    assert "that a keep pause resumed turn 1 under" in res["error"]["message"]
+    assert "turn 1 was dropped" in res["error"]["message"]
     assert res["trajectory"]["turns"] == []
 
 
@@ -203,3 +204,21 @@ def test_keep_swap_and_a_refusing_engine_beside_a_keeping_one(start_server, dev_
     assert dev_engine.address not in refused.json()["detail"] and "1 of 2" in refused.json()["detail"]
     assert httpx.get(f"{dev_engine.url}/is_paused", timeout=10, trust_env=False).json() == {"is_paused": False}
     assert server.http.get("/weights").json()["paused"] is False
+
+
+def test_vllm_reloads_a_checkpoint_while_it_keeps_a_completion(start_server, vllm):
+    server = versioned_server(start_server, vllm.address)
+    submit_one_turn(server, "reloaded", max_tokens=400)
+    wait_for(lambda: vllm.metrics()["vllm:num_requests_running"] == 1, 120, "vLLM generating the turn")
+    time.sleep(0.5)
+    paused = server.http.post("/weights/pause", json={"mode": "keep"})
+    assert paused.status_code == 200 and paused.json()["kept"] == 1
+    update = {"version": 2, "reload": {"path": vllm.model_dir, "timeout_s": 300}}
+    updated = server.http.post("/weights/update", json=update, timeout=400)
+    assert updated.status_code == 200, updated.text  # no prefix-cache reset while the request holds blocks
+    assert server.http.post("/weights/resume").status_code == 200
+    res = result(server, "reloaded", timeout=300)
+    assert res["status"] == "completed", res
+    (turn,) = res["trajectory"]["turns"]
+    assert (turn["weight_version"], turn["resumed_under"], len(turn["output_ids"])) == (1, [2], 400)
+    assert vllm.complete("The capital of France is")  # the engine serves on
