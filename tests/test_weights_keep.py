@@ -222,3 +222,19 @@ def test_vllm_reloads_a_checkpoint_while_it_keeps_a_completion(start_server, vll
     (turn,) = res["trajectory"]["turns"]
     assert (turn["weight_version"], turn["resumed_under"], len(turn["output_ids"])) == (1, [2], 400)
     assert vllm.complete("The capital of France is")  # the engine serves on
+
+
+def test_a_freeze_stops_the_calls_stall_clock_and_its_jobs_budget(start_server, dev_engine):
+    dev_engine.wait_idle()
+    server = versioned_server(start_server, dev_engine.address, llm_stall_timeout_s=8.0)
+    submit_one_turn(server, "held", max_tokens=60, timeout=9)
+    wait_for(lambda: dev_engine.running() == 1, 60, "the engine generating the turn")
+    before = len(dev_engine.generations())
+    pause_keep_update_resume(server, hold_s=10.0)  # longer than the stall timeout and the job's budget
+    res = result(server, "held", timeout=120)
+    assert res["status"] == "completed", res  # neither stalled nor timed out
+    (turn,) = res["trajectory"]["turns"]
+    assert turn["resumed_under"] == [2] and len(turn["output_ids"]) == 60
+    assert len(dev_engine.generations()) == before + 1  # not resent
+    assert res["timing"]["weight_pause_s"] >= 10.0
+    assert turn["llm_s"] < res["timing"]["weight_pause_s"]  # the freeze is pause time, not LLM time

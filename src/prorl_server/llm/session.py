@@ -512,6 +512,7 @@ class LLMSession:
                         result = await ticket.run(self._attempt(backend, call, backoff, priority, clock))
                         if clock is not None:
                             clock.resumed_under = ticket.resumed()
+                            clock.pause_s += ticket.frozen_s
                     except DispatchAborted:
                         self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
                         continue
