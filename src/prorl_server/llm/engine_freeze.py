@@ -67,6 +67,8 @@ class EngineFreeze:
         (`address: why`), after which those engines count as resumed anyway (a later resume cannot do better)."""
         async with self._lock:
             frozen, self.frozen = self.frozen, []
+            if not frozen:
+                return []
             outcomes = await self.submit(_all(_thaw(self.client, a, version) for a in frozen))
             return [f"{a}: {o}" for a, o in zip(frozen, outcomes, strict=True) if o is not None]
 
