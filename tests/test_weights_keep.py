@@ -16,6 +16,7 @@ from polling import wait_for
 from server_jobs import result
 
 from prorl_server.llm.dispatch_gate import DispatchGate
+from prorl_server.llm.session import weight_spans
 from prorl_server.testing import ScriptedReply
 
 pytest_plugins = ("engine_fixtures", "vllm_reload_fixtures")
@@ -238,3 +239,25 @@ def test_a_freeze_stops_the_calls_stall_clock_and_its_jobs_budget(start_server, 
     assert len(dev_engine.generations()) == before + 1  # not resent
     assert res["timing"]["weight_pause_s"] >= 10.0
     assert turn["llm_s"] < res["timing"]["weight_pause_s"]  # the freeze is pause time, not LLM time
+
+
+def test_engine_spans_are_mapped_to_versions_and_bad_ones_dropped():
+    def mapped(engine_spans, own=1, resumed=(2,), n=10):
+        spans = weight_spans(engine_spans, own, list(resumed), n)
+        return None if spans is None else [(s.version, s.start, s.end) for s in spans]
+
+    # labels before the first resumed version's are the turn's own version, whatever the engine called them
+    assert mapped([("default", 0, 3), ("1", 3, 6), ("2", 6, 10)]) == [(1, 0, 6), (2, 6, 10)]
+    assert mapped([("2", 0, 10)]) == [(2, 0, 10)]  # frozen before its first token
+    assert mapped([("7", 0, 4), ("v9", 4, 10)], own=7, resumed=("v8", "v9")) == [(7, 0, 4), ("v9", 4, 10)]
+    for bad in (
+        [("1", 0, 4), ("2", 5, 10)],  # a gap
+        [("1", 0, 4), ("2", 4, 9)],  # short of the tokens
+        [("1", 0, 4), ("2", 4, 12)],  # past them
+        [("1", 0, 0), ("2", 0, 10)],  # an empty span
+        [("2", 0, 4), ("x", 4, 10)],  # an unknown label after a resumed version's
+        [],
+        None,
+    ):
+        assert mapped(bad) is None, bad
+    assert mapped([("3", 0, 4), ("2", 4, 10)], resumed=(2, 3)) is None  # resumed versions out of order
