@@ -424,7 +424,8 @@ class RolloutClient:
     async def pause_weights(
         self, mode: str = "wait", *, timeout_s: float | None = None, server: str | None = None
     ) -> dict[str, PauseResponse]:
-        """`POST /weights/pause` on `server`, or on every server; each answers once no call is in flight."""
+        """`POST /weights/pause` on `server`, or on every server; each answers once no call is in flight (with
+        mode "keep", the calls its engines froze aside)."""
         body = PauseRequest(mode=mode, timeout_s=timeout_s).model_dump(mode="json", exclude_none=True)
         return await self._on_servers(server, "POST", "/weights/pause", body, PauseResponse)
 
