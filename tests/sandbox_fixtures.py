@@ -7,13 +7,15 @@ harness, so this module is imported once, by pytest (which rewrites its asserts)
 - `any_runtime`: a `Harness` per runtime, local included (lifecycle tests).
 
 Adding a runtime to every parametrized test is one line in CASES. A runtime that is not available on this
-machine is skipped with its reason (for bwrap: not installed, or no unprivileged user namespaces).
+machine is skipped with its reason (for bwrap: not installed, or no unprivileged user namespaces); podman
+is not skipped with `PRORL_REQUIRE_PODMAN=1` (scripts/test.sh sets it where scripts/setup-podman.sh succeeded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -37,19 +39,35 @@ class Case:
 
 
 APPTAINER_IMAGE = os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif")
+PODMAN_IMAGE = os.environ.get("PRORL_PODMAN_IMAGE", "localhost/prorl-test:py")
+REQUIRE_PODMAN_ENV = "PRORL_REQUIRE_PODMAN"  # set by scripts/test.sh where setup-podman.sh succeeded
 
 CASES: dict[str, Case] = {
     "bwrap": Case(),
     "apptainer": Case(image=APPTAINER_IMAGE),
     "local": Case(isolating=False),
+    "podman": Case(image=PODMAN_IMAGE),
 }
+
+
+def _image_missing(name: str, image: str) -> str | None:
+    """Why the runtime's test image is not there (None: it is)."""
+    if name == "podman":
+        if subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0:
+            return None
+        return f"test image {image} missing (scripts/setup-podman.sh imports it; or set PRORL_PODMAN_IMAGE)"
+    if os.path.exists(image):
+        return None
+    return f"test image {image} missing (scripts/setup-apptainer.sh builds it; or set PRORL_APPTAINER_IMAGE)"
 
 
 def _param(name: str) -> Any:
     reason = unavailable_reason(name)
     image = CASES[name].image
-    if reason is None and image is not None and not os.path.exists(image):
-        reason = f"test image {image} missing (scripts/setup-apptainer.sh builds it; or set PRORL_APPTAINER_IMAGE)"
+    if reason is None and image is not None:
+        reason = _image_missing(name, image)
+    if name == "podman" and os.environ.get(REQUIRE_PODMAN_ENV) == "1":
+        return pytest.param(name, id=name)  # must run: a missing podman or image fails the tests, saying why
     return pytest.param(name, id=name, marks=pytest.mark.skipif(reason is not None, reason=f"{name}: {reason}"))
 
 

@@ -12,7 +12,7 @@ from prorl_server.sandbox.local import LocalRuntime
 
 def test_available_names_every_runtime_with_a_reason_or_none():
     found = available()
-    assert set(found) == {"apptainer", "bwrap", "local"} == set(CHOICES) - {"auto"}
+    assert set(found) == {"apptainer", "bwrap", "local", "podman"} == set(CHOICES) - {"auto"}
     assert found["local"] is None
     assert all(reason is None or (isinstance(reason, str) and reason) for reason in found.values())
 

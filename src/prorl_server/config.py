@@ -16,8 +16,9 @@ from prorl_server.actions.quota import parse_service_quota
 from prorl_server.protocol.jobs import StalePolicy
 from prorl_server.simllm.profile import DEFAULT_PROFILE
 
-RuntimeName = Literal["auto", "apptainer", "bwrap", "local"]
-"""Sandbox runtimes by name (`auto`: the first available of the others, in this order)."""
+RuntimeName = Literal["auto", "apptainer", "bwrap", "local", "podman"]
+"""Sandbox runtimes by name (`auto`: the first available of apptainer, bwrap, local, in this order; podman
+only when named)."""
 RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 
 PlacementName = Literal["sticky_least_loaded", "min_heap", "least_loaded", "presorted_dp"]

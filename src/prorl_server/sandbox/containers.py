@@ -1,0 +1,63 @@
+"""Podman containers by owner label, for the reaper: which owners have some, and removing an owner's.
+
+Kept apart from podman.py (the runtime) so the reaper can use it without importing the runtime. Every call
+is a no-op, without running podman, where podman is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+ENV_BINARY = "PRORL_PODMAN"  # path of the podman binary; else `podman` on PATH
+LABEL = "prorl.owner"  # on every sandbox container: the owner id of the server that started it
+REMOVE_TIMEOUT_S = 30.0
+
+
+def find_podman() -> str | None:
+    """The podman binary: $PRORL_PODMAN, else `podman` on PATH."""
+    configured = os.environ.get(ENV_BINARY)
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    return shutil.which("podman")
+
+
+def _listed(binary: str, label: str, template: str) -> list[str]:
+    """`podman ps -a` of containers with `label`, one formatted line each (empty if podman fails)."""
+    try:
+        listed = subprocess.run(
+            [binary, "ps", "-a", "--filter", f"label={label}", "--format", template],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=REMOVE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return listed.stdout.split() if listed.returncode == 0 else []
+
+
+def container_owners() -> set[str]:
+    """Owner ids on the podman containers here."""
+    binary = find_podman()
+    return set() if binary is None else set(_listed(binary, LABEL, f'{{{{index .Labels "{LABEL}"}}}}'))
+
+
+def remove_containers(owner: str) -> list[str]:
+    """`podman rm -f` every container labelled with `owner`; returns their names."""
+    binary = find_podman()
+    if binary is None:
+        return []
+    names = _listed(binary, f"{LABEL}={owner}", "{{.Names}}")
+    if names:
+        try:
+            subprocess.run(
+                [binary, "rm", "-f", "-t", "0", "--ignore", *names],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=REMOVE_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+    return names
