@@ -44,13 +44,17 @@ def container_owners() -> set[str]:
     return set() if binary is None else set(_listed(binary, LABEL, f'{{{{index .Labels "{LABEL}"}}}}'))
 
 
+def owner_containers(owner: str) -> list[str]:
+    """Names of the podman containers labelled with `owner`, running or not."""
+    binary = find_podman()
+    return [] if binary is None else _listed(binary, f"{LABEL}={owner}", "{{.Names}}")
+
+
 def remove_containers(owner: str) -> list[str]:
     """`podman rm -f` every container labelled with `owner`; returns their names."""
     binary = find_podman()
-    if binary is None:
-        return []
-    names = _listed(binary, f"{LABEL}={owner}", "{{.Names}}")
-    if names:
+    names = owner_containers(owner)
+    if binary is not None and names:
         try:
             subprocess.run(
                 [binary, "rm", "-f", "-t", "0", "--ignore", *names],

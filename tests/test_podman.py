@@ -1,0 +1,181 @@
+"""The Podman runtime with a real podman: start from a local image or a root directory, tools, no network,
+limits, private working directories, binds, removal on close and after a crash, bad images.
+
+Needs podman (runc where crun cannot run) and the test image (scripts/setup-podman.sh, as root on Debian);
+skipped with the reason otherwise, failed instead with PRORL_REQUIRE_PODMAN=1 (scripts/test.sh). The
+isolation, limit, escape and reaper suites also run against podman (tests/sandbox_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sandbox_fixtures import PODMAN_IMAGE, _param, wait_until
+
+from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxLimits, SandboxSpec, reap_orphans
+from prorl_server.sandbox import podman as podman_module
+from prorl_server.sandbox.containers import ENV_BINARY, owner_containers
+from prorl_server.sandbox.podman import PodmanRuntime, container_name
+from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
+
+ROOT_DIR = Path(os.environ.get("PRORL_PODMAN_ROOTFS", "/tmp/apptainer-test/imgroot"))  # setup-apptainer.sh
+pytestmark = pytest.mark.parametrize("name", [_param("podman")])
+
+
+async def sh(sandbox: Sandbox, command: str) -> str:
+    """Run a bash command inside; its output, stripped."""
+    return (await sandbox.bash(command)).output.strip()
+
+
+@pytest.fixture
+async def runtime(name: str) -> AsyncIterator[PodmanRuntime]:
+    owner = new_owner_id()
+    runtime = PodmanRuntime(owner)
+    yield runtime
+    runtime.close()
+    assert owner_containers(owner) == []
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    tmp_path.chmod(0o755)
+    yield tmp_path
+
+
+def spec(**fields: Any) -> SandboxSpec:
+    fields.setdefault("image", PODMAN_IMAGE)
+    return SandboxSpec(**fields)
+
+
+def test_available_says_how_to_get_podman(name: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(ENV_BINARY, "/nonexistent/podman")
+    podman_module.probe.cache_clear()
+    try:
+        assert "podman not found" in (PodmanRuntime.available() or "")
+        with pytest.raises(SandboxError, match="apt-get install podman runc"):
+            PodmanRuntime(new_owner_id())
+    finally:
+        podman_module.probe.cache_clear()
+
+
+async def test_start_tools_close_from_an_image_and_from_a_root_directory(runtime: PodmanRuntime):
+    images = [PODMAN_IMAGE] + ([str(ROOT_DIR)] if (ROOT_DIR / "usr/bin/python3").exists() else [])
+    for image in images:
+        sandbox = await runtime.start(spec(image=image))
+        assert await sh(sandbox, "echo hello > f && cat f && pwd && id -u") == "hello\n/workspace\n65534"
+        await sandbox.write_file("/workspace/a.txt", "written")
+        assert await sandbox.read_file("/workspace/a.txt") == "written"
+        name = container_name(sandbox.id)
+        assert owner_containers(runtime.owner) == [name]
+        await sandbox.close()
+        assert owner_containers(runtime.owner) == []
+        assert not [p for p in tagged_processes() if p.sandbox_id == sandbox.id]
+    if len(images) > 1:
+        assert not (ROOT_DIR / "workspace").exists()  # the directory is run under an overlay, never written
+
+
+async def test_no_network_by_default_host_network_on_request(runtime: PodmanRuntime):
+    probe = 'python3 -c "import socket; print(sorted({i[1] for i in socket.if_nameindex()}))"'
+    boxed = await runtime.start(spec())
+    assert await sh(boxed, probe) == "['lo']"
+    assert await sh(boxed, "hostname") == "sandbox"
+    host = await runtime.start(spec(network="host"))
+    assert await sh(host, probe) == str(sorted({i[1] for i in __import__("socket").if_nameindex()}))
+    for sandbox in (boxed, host):
+        await sandbox.close()
+
+
+async def test_read_only_image_private_writable_mounts_and_binds(runtime: PodmanRuntime, scratch: Path):
+    (scratch / "in.txt").write_text("from the host")
+    out = scratch / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    binds = [
+        Bind(source=str(scratch / "in.txt"), target="/data/in.txt"),
+        Bind(source=str(out), target="/out", read_only=False),
+    ]
+    first = await runtime.start(spec(binds=binds))
+    second = await runtime.start(spec())
+    assert "Read-only file system" in await sh(first, "touch /usr/x 2>&1; echo > /data/in.txt 2>&1")
+    assert await sh(first, "cat /data/in.txt") == "from the host"
+    await sh(first, "echo result > /out/r.txt; echo secret > /workspace/s; echo tmp > /tmp/t")
+    assert (out / "r.txt").read_text() == "result\n"
+    assert await sh(second, "ls /workspace/s /tmp/t 2>&1 | grep -c 'No such file'") == "2"  # not the first one's
+    assert await sh(first, "stat -c %a /workspace") == "700"
+    assert await sh(first, f"ls {scratch} {Path.cwd()} 2>&1 | grep -c 'No such file'") == "2"  # no host paths
+    for sandbox in (first, second):
+        await sandbox.close()
+
+
+async def test_limits_reach_the_container(runtime: PodmanRuntime):
+    limits = SandboxLimits(memory_mb=256, pids=40, disk_mb=8, file_size_mb=4, cpus=0.5)
+    sandbox = await runtime.start(spec(limits=limits))
+    big = await sh(sandbox, "head -c 20M /dev/zero > /workspace/big 2>&1; ls -l /workspace/big | cut -d' ' -f5")
+    assert big.splitlines()[-1] == str(4 * 1024 * 1024)  # RLIMIT_FSIZE (under the 8 MB tmpfs)
+    full = await sh(sandbox, "for i in 1 2 3; do head -c 3M /dev/zero > /tmp/f$i || echo FULL; done")
+    assert "FULL" in full or "No space left" in full
+    pids = {p.pid for p in tagged_processes() if p.sandbox_id == sandbox.id}
+    members = sandbox.slot.cgroup.pids()
+    if sandbox.slot.cgroup.directories:  # the container's processes live in the sandbox's own cgroups
+        assert pids and pids <= members | {sandbox.pid}
+        assert sandbox.slot.cgroup.read("pids.max").strip() == "40"
+    hog = await sandbox.bash("python3 -c 'b = bytearray(400 * 1024 * 1024)' 2>&1; echo status $?", timeout=60)
+    assert "MemoryError" in hog.output or "status 137" in hog.output, hog.output
+    await sandbox.close()
+
+
+async def test_bad_images_say_what_is_wrong(runtime: PodmanRuntime, tmp_path: Path):
+    with pytest.raises(SandboxError, match="neither a root directory nor in podman's local storage"):
+        await runtime.start(spec(image="localhost/no-such-image:never"))
+    with pytest.raises(SandboxError, match=r"needs spec\.image"):
+        await runtime.start(spec(image=None))
+    empty = tmp_path / "root"
+    (empty / "etc").mkdir(parents=True)
+    with pytest.raises(SandboxError, match="exited with status"):
+        await runtime.start(spec(image=str(empty)))  # no python3 to run the execution server
+    assert owner_containers(runtime.owner) == []
+    if os.geteuid() == 0:
+        with pytest.raises(SandboxError, match="fakeroot"):
+            await runtime.start(spec(fakeroot=True))
+
+
+SERVER = """
+import asyncio, sys
+from prorl_server.sandbox import SandboxSpec, make_runtime, new_owner_id
+async def main():
+    owner = new_owner_id()
+    runtime = make_runtime("podman", owner)
+    await asyncio.gather(*(runtime.start(SandboxSpec(image=sys.argv[1])) for _ in range(3)))
+    print(owner, flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+def test_a_crashed_servers_containers_are_removed_by_the_next_one(name: str):
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, PODMAN_IMAGE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        owner = server.stdout.readline().strip()
+        assert len(owner_containers(owner)) == 3
+    finally:
+        server.kill()
+        server.wait()
+    assert len(owner_containers(owner)) == 3  # a SIGKILLed server removes nothing
+    reap_orphans(new_owner_id())
+    assert owner_containers(owner) == []
+    assert wait_until(lambda: not [p for p in tagged_processes() if p.owner == owner])
+
+
+def test_podman_is_not_chosen_by_auto(name: str):
+    from prorl_server.sandbox.registry import AUTO_ORDER
+
+    assert "podman" not in AUTO_ORDER and shutil.which("podman")
