@@ -12,21 +12,46 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_fixtures import PODMAN_IMAGE, _param, wait_until
 
 from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxLimits, SandboxSpec, reap_orphans
 from prorl_server.sandbox import podman as podman_module
 from prorl_server.sandbox.containers import ENV_BINARY, owner_containers
 from prorl_server.sandbox.podman import PodmanRuntime, container_name
 from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
+from prorl_server.sandbox.registry import unavailable_reason
 
+PODMAN_IMAGE = os.environ.get("PRORL_PODMAN_IMAGE", "localhost/prorl-test:py")  # as in sandbox_fixtures.py
 ROOT_DIR = Path(os.environ.get("PRORL_PODMAN_ROOTFS", "/tmp/apptainer-test/imgroot"))  # setup-apptainer.sh
-pytestmark = pytest.mark.parametrize("name", [_param("podman")])
+
+
+def _missing() -> str | None:
+    """Why podman or its test image is not there (None: both are; with PRORL_REQUIRE_PODMAN=1, not asked)."""
+    if os.environ.get("PRORL_REQUIRE_PODMAN") == "1":
+        return None
+    reason = unavailable_reason("podman")
+    if (
+        reason is None
+        and subprocess.run(["podman", "image", "exists", PODMAN_IMAGE], capture_output=True).returncode != 0
+    ):
+        reason = f"test image {PODMAN_IMAGE} missing (scripts/setup-podman.sh imports it)"
+    return reason
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=f"podman: {_missing()}")
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    """Poll `predicate` until true or timeout; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not (ok := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(ok)
 
 
 async def sh(sandbox: Sandbox, command: str) -> str:
@@ -35,7 +60,7 @@ async def sh(sandbox: Sandbox, command: str) -> str:
 
 
 @pytest.fixture
-async def runtime(name: str) -> AsyncIterator[PodmanRuntime]:
+async def runtime() -> AsyncIterator[PodmanRuntime]:
     owner = new_owner_id()
     runtime = PodmanRuntime(owner)
     yield runtime
@@ -54,7 +79,7 @@ def spec(**fields: Any) -> SandboxSpec:
     return SandboxSpec(**fields)
 
 
-def test_available_says_how_to_get_podman(name: str, monkeypatch: pytest.MonkeyPatch):
+def test_available_says_how_to_get_podman(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(ENV_BINARY, "/nonexistent/podman")
     podman_module.probe.cache_clear()
     try:
@@ -159,7 +184,7 @@ asyncio.run(main())
 """
 
 
-def test_a_crashed_servers_containers_are_removed_by_the_next_one(name: str):
+def test_a_crashed_servers_containers_are_removed_by_the_next_one():
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, PODMAN_IMAGE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -175,7 +200,7 @@ def test_a_crashed_servers_containers_are_removed_by_the_next_one(name: str):
     assert wait_until(lambda: not [p for p in tagged_processes() if p.owner == owner])
 
 
-def test_podman_is_not_chosen_by_auto(name: str):
+def test_podman_is_not_chosen_by_auto():
     from prorl_server.sandbox.registry import AUTO_ORDER
 
     assert "podman" not in AUTO_ORDER and shutil.which("podman")
