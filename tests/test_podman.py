@@ -1,5 +1,6 @@
 """The Podman runtime with a real podman: start from a local image or a root directory, tools, no network,
-limits, private working directories, binds, removal on close and after a crash, bad images.
+limits, private working directories, binds, removal on close and after a crash, bad images; images built
+from a Dockerfile (`podman build`) or imported from a root directory.
 
 Needs podman (runc where crun cannot run) and the test image (scripts/setup-podman.sh, as root on Debian);
 skipped with the reason otherwise, failed instead with PRORL_REQUIRE_PODMAN=1 (scripts/test.sh). The
@@ -19,10 +20,13 @@ from typing import Any
 
 import pytest
 
+from prorl_server import cli
 from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxLimits, SandboxSpec, reap_orphans
 from prorl_server.sandbox import podman as podman_module
 from prorl_server.sandbox.containers import ENV_BINARY, owner_containers
+from prorl_server.sandbox.images import ImageBuildError
 from prorl_server.sandbox.podman import PodmanRuntime, container_name
+from prorl_server.sandbox.podman_images import build_dockerfile, import_rootfs
 from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
@@ -204,3 +208,51 @@ def test_podman_is_not_chosen_by_auto():
     from prorl_server.sandbox.registry import AUTO_ORDER
 
     assert "podman" not in AUTO_ORDER and shutil.which("podman")
+
+
+DOCKERFILE = """\
+FROM debian:bookworm
+ARG GREETING=hello
+WORKDIR /srv/task
+COPY data.txt .
+RUN echo "$GREETING from the build" > built.txt
+"""
+
+
+async def test_a_dockerfile_built_by_podman_runs_and_is_reused(runtime: PodmanRuntime, tmp_path: Path):
+    if not (ROOT_DIR / "usr/bin/python3").exists():
+        pytest.skip(f"needs the root directory {ROOT_DIR} as the base: bash scripts/setup-apptainer.sh")
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE)
+    (tmp_path / "data.txt").write_text("copied\n")
+    base_map = {"debian:bookworm": ROOT_DIR}
+    built = build_dockerfile(tmp_path / "Dockerfile", build_args={"GREETING": "hi"}, base_map=base_map)
+    again = build_dockerfile(tmp_path / "Dockerfile", build_args={"GREETING": "hi"}, base_map=base_map)
+    assert (again.reference, again.cached, built.workdir) == (built.reference, True, "/srv/task")
+    sandbox = await runtime.start(spec(image=built.reference, workdir=built.workdir))
+    assert await sh(sandbox, "cat data.txt built.txt") == "copied\nhi from the build"
+    await sandbox.close()
+    (tmp_path / "data.txt").write_text("changed\n")  # the context is part of the key
+    assert build_dockerfile(tmp_path / "Dockerfile", build_args={"GREETING": "hi"}, base_map=base_map).key != built.key
+
+
+def test_a_failed_podman_build_names_the_line_and_leaves_no_image(tmp_path: Path):
+    if not (ROOT_DIR / "usr/bin/python3").exists():
+        pytest.skip(f"needs the root directory {ROOT_DIR} as the base: bash scripts/setup-apptainer.sh")
+    (tmp_path / "Dockerfile").write_text("FROM debian:bookworm\nRUN true\n\nRUN exit 3\n")
+    with pytest.raises(ImageBuildError, match=r"Dockerfile:4: RUN failed the build") as failed:
+        build_dockerfile(tmp_path / "Dockerfile", base_map={"debian:bookworm": ROOT_DIR})
+    key = failed.value.log.name.removeprefix("podman-").removesuffix(".log")
+    assert subprocess.run(["podman", "image", "exists", f"localhost/prorl-dockerfile:{key}"]).returncode == 1
+    (tmp_path / "Dockerfile").write_text("FROM localhost/no-such-base:1\n")
+    with pytest.raises(ImageBuildError, match=r"Dockerfile:1: FROM failed the build(.|\n)*image not known"):
+        build_dockerfile(tmp_path / "Dockerfile")  # never pulled from a registry
+
+
+def test_build_image_imports_a_root_directory_and_refuses_apptainer_options(capsys):
+    if not (ROOT_DIR / "usr/bin/python3").exists():
+        pytest.skip(f"needs the root directory {ROOT_DIR}: bash scripts/setup-apptainer.sh")
+    cli.main(["build-image", "--runtime", "podman", "--base", str(ROOT_DIR)])
+    reference = capsys.readouterr().out.split()[0]
+    assert reference.startswith("localhost/prorl-rootfs:") and import_rootfs(ROOT_DIR).cached
+    with pytest.raises(SystemExit, match="a template, --out: not for --runtime podman"):
+        cli.main(["build-image", "--runtime", "podman", "python", "--out", "/tmp/x.sif"])
