@@ -90,12 +90,12 @@ class ServerSettings(BaseModel):
     runtime: RuntimeName = Field(
         default="auto",
         description="Sandbox runtime; auto = apptainer when installed and an image is given, else bubblewrap, "
-        "else local (no isolation, loudly).",
+        "else local (no isolation, loudly); podman only when named.",
     )
     sandbox_image: str | None = Field(
         default=None,
         description="Default image of ctx.start_sandbox(): a .sif or directory for Apptainer, a root directory "
-        "for bubblewrap.",
+        "for bubblewrap, a local image or a root directory for Podman.",
     )
     sandbox_dir: Path = Field(
         default=Path("/tmp"),
