@@ -4,7 +4,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_images.py [--json out.json] [--task count-lines] [--starts 10]
 
-About a minute on a 2-core machine with the defaults. The task is one of examples/harbor-tasks/; its
+One to three minutes on a 2-core machine with the defaults, nearly all of it the cold Apptainer build. The task is one of examples/harbor-tasks/; its
 `FROM debian:bookworm` is mapped to a local root directory (`--base`, default the one
 scripts/setup-apptainer.sh makes), so no registry or mirror is needed. What is not installed here is skipped
 with the reason. Other work on the machine skews the figures: the 1-minute load average at start is kept.

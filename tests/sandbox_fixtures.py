@@ -25,6 +25,7 @@ import pytest
 
 from prorl_server.sandbox import DEFAULT_BASE_DIR, Runtime, Sandbox, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.cgroups import detect, owner_directories
+from prorl_server.sandbox.containers import find_podman, owner_containers
 from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
@@ -53,7 +54,7 @@ CASES: dict[str, Case] = {
 def _image_missing(name: str, image: str) -> str | None:
     """Why the runtime's test image is not there (None: it is)."""
     if name == "podman":
-        if subprocess.run(["podman", "image", "exists", image], capture_output=True).returncode == 0:
+        if subprocess.run([find_podman() or "podman", "image", "exists", image], capture_output=True).returncode == 0:
             return None
         return f"test image {image} missing (scripts/setup-podman.sh imports it; or set PRORL_PODMAN_IMAGE)"
     if os.path.exists(image):
@@ -76,14 +77,17 @@ ALL = [_param(name) for name in CASES]
 
 
 def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[Any]]:
-    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups."""
+    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups,
+    podman containers."""
     mine = (lambda name: name.startswith("sbx-")) if ids is None else ids.__contains__
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
     owner_dir = DEFAULT_BASE_DIR / owner
     directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
     roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
-    return {k: v for k, v in {"processes": processes, "directories": directories, "cgroups": cgroups}.items() if v}
+    containers = [n for n in owner_containers(owner) if ids is None or n.removeprefix("prorl-") in ids]
+    found = {"processes": processes, "directories": directories, "cgroups": cgroups, "containers": containers}
+    return {k: v for k, v in found.items() if v}
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:

@@ -25,6 +25,13 @@ def test_auto_takes_the_first_available_in_order(monkeypatch):
     assert registry.choose("auto") == "apptainer"
 
 
+def test_auto_never_picks_podman(monkeypatch):
+    reasons = {"apptainer": "not installed", "bwrap": "not installed", "local": None, "podman": None}
+    monkeypatch.setattr(registry, "unavailable_reason", reasons.__getitem__)
+    assert registry.choose("auto") == "local"
+    assert registry.choose("podman") == "podman"
+
+
 def test_auto_falls_back_to_local_loudly(monkeypatch, caplog):
     reasons = {"apptainer": "apptainer not found", "bwrap": "bubblewrap is not installed", "local": None}
     monkeypatch.setattr(registry, "unavailable_reason", reasons.__getitem__)
