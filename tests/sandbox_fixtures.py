@@ -25,7 +25,7 @@ import pytest
 
 from prorl_server.sandbox import DEFAULT_BASE_DIR, Runtime, Sandbox, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.cgroups import detect, owner_directories
-from prorl_server.sandbox.containers import find_podman, owner_containers
+from prorl_server.sandbox.containers import find_podman, owner_containers, used
 from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
@@ -85,7 +85,8 @@ def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[A
     directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
     roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
-    containers = [n for n in owner_containers(owner) if ids is None or n.removeprefix("prorl-") in ids]
+    podman = owner_containers(owner) if used(owner_dir) else []
+    containers = [n for n in podman if ids is None or n.removeprefix("prorl-") in ids]
     found = {"processes": processes, "directories": directories, "cgroups": cgroups, "containers": containers}
     return {k: v for k, v in found.items() if v}
 

@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 
 from prorl_server import cli
-from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxLimits, SandboxSpec, reap_orphans
+from prorl_server.sandbox import (
+    Bind,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+    reap_orphans,
+    remove_owner_files,
+)
 from prorl_server.sandbox import podman as podman_module
 from prorl_server.sandbox.containers import ENV_BINARY, find_podman, owner_containers
 from prorl_server.sandbox.images import ImageBuildError
@@ -70,6 +78,7 @@ async def runtime() -> AsyncIterator[PodmanRuntime]:
     yield runtime
     runtime.close()
     assert owner_containers(owner) == []
+    remove_owner_files(owner)
 
 
 @pytest.fixture

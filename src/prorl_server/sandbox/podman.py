@@ -47,9 +47,10 @@ from typing import TYPE_CHECKING
 from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.confinement import boot_source, seccomp_program
-from prorl_server.sandbox.containers import ENV_BINARY, LABEL, REMOVE_TIMEOUT_S, find_podman
+from prorl_server.sandbox.containers import ENV_BINARY, LABEL, REMOVE_TIMEOUT_S, find_podman, mark
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, boot_settings, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
+from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.process import sandbox_env, sandbox_user
 from prorl_server.sandbox.process_sandbox import (
     TOOL_PACKAGES,
@@ -192,6 +193,8 @@ class PodmanRuntime(ProcessRuntime):
     def __init__(self, owner: str, *, run_as: int | None = None, **options) -> None:
         super().__init__(owner, **options)
         self.podman = podman_command()
+        ensure_private_dir(self.base_dir)
+        mark(self.base_dir / owner)  # the reaper looks for this owner's containers (containers.py)
         self.run_as = (run_as or sandbox_user()) if os.geteuid() == 0 else None
         self._ulimits = ulimit_args()
         self._known_images: set[str] = set()

@@ -174,9 +174,10 @@ def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tag
 
 
 def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
-    """Remove an owner's podman containers, kill what is left in its cgroups, remove them and its private
-    directories."""
-    containers.remove_containers(owner)
+    """Remove an owner's podman containers (if it started any), kill what is left in its cgroups, remove them
+    and its private directories."""
+    if containers.used(base_dir / owner):
+        containers.remove_containers(owner)
     for directory in cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)).get(owner, []):
         with contextlib.suppress(OSError):
             leftover = cgroups.SandboxCgroup([d for d in directory.iterdir() if d.is_dir()])
