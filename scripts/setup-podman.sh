@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Podman for the podman runtime tests (root + apt-get; Debian's podman and runc, about 20 s the first time),
-# and their image: the Apptainer setup's Debian root filesystem ($IMGROOT, bookworm + python3) imported as
-# $PRORL_PODMAN_IMAGE (default localhost/prorl-test:py; about 5 s, once). Exits 3 where it cannot be done.
+# Podman for the podman runtime tests (root + apt-get: Debian's podman and runc, installed when missing), and
+# their image: the Apptainer setup's Debian root filesystem ($IMGROOT, bookworm + python3) imported as
+# $PRORL_PODMAN_IMAGE (default localhost/prorl-test:py; about 2 s, once). Exits 3 where it cannot be done.
 set -euo pipefail
 IMGROOT=${IMGROOT:-/tmp/apptainer-test/imgroot}
 IMAGE=${PRORL_PODMAN_IMAGE:-localhost/prorl-test:py}

@@ -17,7 +17,8 @@ if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
 fi
 # Podman (Debian's podman + runc) and its test image, imported from the Apptainer setup's root filesystem
-# (about 20 s the first time, nothing after). As root it must work: a missing podman fails its tests.
+# (an apt-get install the first time, then about 2 s to import the image once). As root it must work: a missing
+# podman fails its tests.
 podman_status=0
 bash "$root/scripts/setup-podman.sh" || podman_status=$?
 case "$podman_status" in
