@@ -112,7 +112,8 @@ def probe() -> tuple[tuple[str, ...], str | None]:
         candidates.append(("--runtime", "runc"))
     failures = []
     for options in candidates:
-        argv = [binary, *options, "run", "--rm", "--pull", "never", "--network", "none", "--log-driver", "none"]
+        argv = [binary, *options, "run", "--rm", "--pull", "never", "--network", "none", "--cap-drop", "all"]
+        argv += ["--log-driver", "none"]
         argv += [*ulimit_args(), "--rootfs", "/:O", "true"]
         try:
             done = subprocess.run(
