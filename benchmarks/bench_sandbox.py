@@ -4,7 +4,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_sandbox.py [--json out.json] [--runtimes bwrap,local] [--starts 100]
 
-About a minute on a 2-core machine with the defaults. Runtimes that are not available here are skipped
+About two minutes on a 2-core machine with the defaults. Runtimes that are not available here are skipped
 with the reason. Other work on the machine skews the figures: the 1-minute load average at start is kept.
 
 Part 1 - start-to-ready
@@ -14,7 +14,8 @@ Part 1 - start-to-ready
     time is reported too); the runtimes take turns, so a change of load hits all alike. bubblewrap runs
     twice: as configured (`prewarm` launchers already inside their cgroups) and with `prewarm=0` (every
     start joins fresh cgroups itself). With Apptainer, a bare `apptainer exec IMAGE true` takes its turn as
-    the baseline. Targets: bubblewrap p50 <= 50 ms; Apptainer p50 within 1.5x of the bare exec p50.
+    the baseline; with Podman, a bare `podman run --rm IMAGE true` (same OCI runtime, no network, no log).
+    Targets: bubblewrap p50 <= 50 ms; Apptainer and Podman p50 within 1.5x of their bare run's p50.
 Part 2 - where a bubblewrap start goes (medians of `--starts` runs each)
     `bwrap <the runtime's options> true` (namespaces and mounts), `python -I -S -c pass` (the interpreter),
     the execution server's imports (`import prorl_server.tools.__main__` minus the bare interpreter), and
@@ -24,14 +25,16 @@ Part 3 - many at once
     answer; then each runs one command (its shell starts) and memory is measured: the proportional set
     size (PSS, shared pages split among their users) of every process of every sandbox, divided by N, and
     the drop of MemAvailable divided by N (adds kernel memory: page tables, tmpfs, cgroups). Then the wall
-    time to close them all and whether any process, directory or cgroup is left.
+    time to close them all and whether any process, directory or cgroup is left. Podman starts
+    `--concurrent-podman` (default 20) instead: each of its sandboxes keeps a podman client and a conmon.
 
 JSON output (`--json PATH`); times in milliseconds::
 
     {
       "machine": {"cpus", "python", "platform", "load_avg_1m_at_start", "cgroups": [controllers]},
       "config": {every command-line option},
-      "start": {runtime label or "apptainer exec IMAGE true": {"n", "p50_ms", "p99_ms", "min_ms", "close_p50_ms"}},
+      "start": {runtime label, "apptainer exec IMAGE true" or "podman run IMAGE true":
+                {"n", "p50_ms", "p99_ms", "min_ms", "close_p50_ms"}},
       "breakdown": {"bwrap_true_ms", "python_bare_ms", "tools_imports_ms", "cgroup_join_after_quiet_ms"},
       "concurrent": {runtime: {"n", "start_all_s", "pss_mb_per_sandbox", "mem_available_drop_mb_per_sandbox",
                                "processes_per_sandbox", "close_all_s", "leftovers"}},
@@ -62,12 +65,25 @@ from _report import check, finish, percentile_ms, print_checks
 from prorl_server.sandbox import Runtime, SandboxSpec, available, make_runtime, new_owner_id
 from prorl_server.sandbox.apptainer import bare_exec_seconds
 from prorl_server.sandbox.cgroups import detect
+from prorl_server.sandbox.podman import podman_command, ulimit_args
 from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
 
 TARGET_BWRAP_P50_MS = 50.0
 TARGET_APPTAINER_RATIO = 1.5  # apptainer start-to-ready p50 / bare `apptainer exec IMAGE true` p50
 BARE_APPTAINER = "apptainer exec IMAGE true"
 DEFAULT_APPTAINER_IMAGE = os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif")
+TARGET_PODMAN_RATIO = 1.5  # podman start-to-ready p50 / bare `podman run --rm IMAGE true` p50
+BARE_PODMAN = "podman run IMAGE true"
+DEFAULT_PODMAN_IMAGE = os.environ.get("PRORL_PODMAN_IMAGE", "localhost/prorl-test:py")
+BARES = {"apptainer": BARE_APPTAINER, "podman": BARE_PODMAN}
+
+
+def bare_podman_seconds(image: str) -> float:
+    """Wall time of one `podman run --rm IMAGE true` as the runtime runs it (no network, no log, its rlimits)."""
+    argv = [*podman_command(), "run", "--rm", "--pull", "never", "--network", "none", "--log-driver", "none"]
+    started = time.perf_counter()
+    subprocess.run([*argv, *ulimit_args(), image, "true"], check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    return time.perf_counter() - started
 
 
 def mem_available_mb() -> float:
@@ -107,15 +123,17 @@ def spec_for(name: str, images: dict[str, str]) -> SandboxSpec:
 
 
 async def part_start(
-    variants: dict[str, tuple[Runtime, SandboxSpec]], starts: int, bare_apptainer_image: str | None = None
+    variants: dict[str, tuple[Runtime, SandboxSpec]], starts: int, bares: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Sequential start-to-ready and close times; the variants take turns, so load changes hit all alike.
 
-    With `bare_apptainer_image`, `apptainer exec IMAGE true` takes its turn too (the Apptainer baseline)."""
+    `bares`: runtime -> image whose bare run takes its turn too (`apptainer exec IMAGE true`, `podman run
+    --rm IMAGE true`: the baselines)."""
+    bares = bares or {}
     ready: dict[str, list[float]] = {label: [] for label in variants}
     closing: dict[str, list[float]] = {label: [] for label in variants}
-    if bare_apptainer_image is not None:
-        ready[BARE_APPTAINER], closing[BARE_APPTAINER] = [], [0.0]
+    for name in bares:
+        ready[BARES[name]], closing[BARES[name]] = [], [0.0]
     for _ in range(starts):
         for label, (runtime, spec) in variants.items():
             started = time.perf_counter()
@@ -125,8 +143,11 @@ async def part_start(
             await sandbox.close()
             closing[label].append((time.perf_counter() - started) * 1000)
             await asyncio.sleep(0.02)  # a quiet gap, as between jobs
-        if bare_apptainer_image is not None:
-            ready[BARE_APPTAINER] += [1000 * t for t in bare_exec_seconds(bare_apptainer_image, runs=1)]
+        if "apptainer" in bares:
+            ready[BARE_APPTAINER] += [1000 * t for t in bare_exec_seconds(bares["apptainer"], runs=1)]
+            await asyncio.sleep(0.02)
+        if "podman" in bares:
+            ready[BARE_PODMAN].append(1000 * bare_podman_seconds(bares["podman"]))
             await asyncio.sleep(0.02)
     return {
         label: {
@@ -222,6 +243,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["skipped"]["apptainer"] = (
             f"no image at {args.image['apptainer']} (scripts/setup-apptainer.sh builds one; or --image apptainer=PATH)"
         )
+    podman_image = args.image["podman"]
+    exists = ["podman", "image", "exists", podman_image]
+    if "podman" in names and "podman" not in out["skipped"] and subprocess.run(exists, capture_output=True).returncode:
+        out["skipped"]["podman"] = (
+            f"no image {podman_image} (scripts/setup-podman.sh imports one; or --image podman=REFERENCE)"
+        )
     names = [n for n in names if n not in out["skipped"]]
     owners: list[str] = []
 
@@ -236,7 +263,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             variants[name] = (runtime_for(name)[0], spec_for(name, args.image))
             if name == "bwrap":
                 variants["bwrap (prewarm=0)"] = (runtime_for(name, prewarm=0)[0], spec_for(name, args.image))
-        bare = args.image["apptainer"] if "apptainer" in names else None
+        bare = {name: args.image[name] for name in BARES if name in names}
         print(f"part 1: {args.starts} sequential starts of {', '.join(variants)}", flush=True)
         await part_start(variants, min(5, args.starts), bare)  # warm the page cache
         out["start"] = await part_start(variants, args.starts, bare)
@@ -246,9 +273,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("part 2: where a bubblewrap start goes", flush=True)
             out["breakdown"] = part_breakdown(new_owner_id(), args.starts)
         for name in names:
-            print(f"part 3: {args.concurrent} {name} sandboxes at once", flush=True)
+            count = args.concurrent_podman if name == "podman" else args.concurrent
+            print(f"part 3: {count} {name} sandboxes at once", flush=True)
             runtime, owner = runtime_for(name)
-            out["concurrent"][name] = await part_concurrent(runtime, owner, spec_for(name, args.image), args.concurrent)
+            out["concurrent"][name] = await part_concurrent(runtime, owner, spec_for(name, args.image), count)
             getattr(runtime, "close", lambda: None)()
     finally:
         for owner in owners:
@@ -259,7 +287,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_checks(start: dict[str, Any]) -> list[dict[str, Any]]:
-    """The targets: bubblewrap p50, and Apptainer p50 against bare `apptainer exec` in the same run."""
+    """The targets: bubblewrap p50; Apptainer and Podman p50 against their bare runs in the same run."""
     bwrap = start.get("bwrap")
     checks = [
         check(
@@ -270,18 +298,19 @@ def build_checks(start: dict[str, Any]) -> list[dict[str, Any]]:
             None if bwrap is None else bwrap["p50_ms"] <= TARGET_BWRAP_P50_MS,
         )
     ]
-    apptainer, bare = start.get("apptainer"), start.get(BARE_APPTAINER)
-    if apptainer and bare:
-        ratio = apptainer["p50_ms"] / bare["p50_ms"]
-        checks.append(
-            check(
-                "apptainer start-to-ready p50 / bare exec p50",
-                f"{ratio:.2f}x ({apptainer['p50_ms']:.0f} ms)",
-                f"{BARE_APPTAINER}: {bare['p50_ms']:.0f} ms",
-                f"<= {TARGET_APPTAINER_RATIO}x",
-                ratio <= TARGET_APPTAINER_RATIO,
+    for name, target in (("apptainer", TARGET_APPTAINER_RATIO), ("podman", TARGET_PODMAN_RATIO)):
+        runtime, bare = start.get(name), start.get(BARES[name])
+        if runtime and bare:
+            ratio = runtime["p50_ms"] / bare["p50_ms"]
+            checks.append(
+                check(
+                    f"{name} start-to-ready p50 / bare run p50",
+                    f"{ratio:.2f}x ({runtime['p50_ms']:.0f} ms)",
+                    f"{BARES[name]}: {bare['p50_ms']:.0f} ms",
+                    f"<= {target}x",
+                    ratio <= target,
+                )
             )
-        )
     return checks
 
 
@@ -290,7 +319,7 @@ def print_report(out: dict[str, Any]) -> None:
     print("\nStart-to-ready, one at a time (ms)")
     print(f"  {'runtime':<28}{'n':>5}{'p50':>9}{'p99':>9}{'min':>9}{'close p50':>11}")
     for label, f in out["start"].items():
-        close = f"{f['close_p50_ms']:>11.1f}" if label != BARE_APPTAINER else f"{'':>11}"
+        close = f"{f['close_p50_ms']:>11.1f}" if label not in BARES.values() else f"{'':>11}"
         print(f"  {label:<28}{f['n']:>5}{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['min_ms']:>9.1f}{close}")
     breakdown = out.get("breakdown")
     if breakdown:
@@ -326,19 +355,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
-    parser.add_argument("--runtimes", default="bwrap,local,apptainer", help="comma-separated runtime names")
+    parser.add_argument("--runtimes", default="bwrap,local,apptainer,podman", help="comma-separated runtime names")
     parser.add_argument("--starts", type=int, default=100, help="part 1: sequential starts per runtime")
     parser.add_argument("--concurrent", type=int, default=200, help="part 3: sandboxes started at once")
+    parser.add_argument("--concurrent-podman", type=int, default=20, help="part 3: podman sandboxes started at once")
     parser.add_argument(
         "--image",
         action="append",
         default=[],
         metavar="RUNTIME=PATH",
-        help="image for a runtime's sandboxes (apptainer needs one; default: $PRORL_APPTAINER_IMAGE or "
-        f"{DEFAULT_APPTAINER_IMAGE})",
+        help="image for a runtime's sandboxes (apptainer and podman need one; defaults: $PRORL_APPTAINER_IMAGE or "
+        f"{DEFAULT_APPTAINER_IMAGE}, $PRORL_PODMAN_IMAGE or {DEFAULT_PODMAN_IMAGE})",
     )
     args = parser.parse_args(argv)
-    args.image = {"apptainer": DEFAULT_APPTAINER_IMAGE, **dict(item.split("=", 1) for item in args.image)}
+    defaults = {"apptainer": DEFAULT_APPTAINER_IMAGE, "podman": DEFAULT_PODMAN_IMAGE}
+    args.image = {**defaults, **dict(item.split("=", 1) for item in args.image)}
     return args
 
 

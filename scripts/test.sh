@@ -16,6 +16,16 @@ fi
 if [ -x /tmp/apptainer-test/bin/apptainer ]; then
   export PRORL_APPTAINER="${PRORL_APPTAINER:-/tmp/apptainer-test/bin/apptainer}"
 fi
+# Podman (Debian's podman + runc) and its test image, imported from the Apptainer setup's root filesystem
+# (an apt-get install the first time, then about 2 s to import the image once). As root it must work: a missing
+# podman fails its tests.
+podman_status=0
+bash "$root/scripts/setup-podman.sh" || podman_status=$?
+case "$podman_status" in
+  0) [ "$(id -u)" -eq 0 ] && export PRORL_REQUIRE_PODMAN=1 ;;
+  3) echo "==> the podman tests will be skipped (said above)" ;;
+  *) exit "$podman_status" ;;
+esac
 # Slurm (Debian's slurm-wlm + munge) for the deployment tests on a single-node cluster (tests/test_slurm.py,
 # which starts and stops it with scripts/setup-slurm.sh); about 10 s the first time. As root it must work,
 # so a missing Slurm fails those tests instead of skipping them.

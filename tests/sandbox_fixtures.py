@@ -7,13 +7,15 @@ harness, so this module is imported once, by pytest (which rewrites its asserts)
 - `any_runtime`: a `Harness` per runtime, local included (lifecycle tests).
 
 Adding a runtime to every parametrized test is one line in CASES. A runtime that is not available on this
-machine is skipped with its reason (for bwrap: not installed, or no unprivileged user namespaces).
+machine is skipped with its reason (for bwrap: not installed, or no unprivileged user namespaces); podman
+is not skipped with `PRORL_REQUIRE_PODMAN=1` (scripts/test.sh sets it where scripts/setup-podman.sh succeeded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ import pytest
 
 from prorl_server.sandbox import DEFAULT_BASE_DIR, Runtime, Sandbox, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.cgroups import detect, owner_directories
+from prorl_server.sandbox.containers import find_podman, owner_containers, used
 from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
@@ -37,19 +40,35 @@ class Case:
 
 
 APPTAINER_IMAGE = os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif")
+PODMAN_IMAGE = os.environ.get("PRORL_PODMAN_IMAGE", "localhost/prorl-test:py")
+REQUIRE_PODMAN_ENV = "PRORL_REQUIRE_PODMAN"  # set by scripts/test.sh where setup-podman.sh succeeded
 
 CASES: dict[str, Case] = {
     "bwrap": Case(),
     "apptainer": Case(image=APPTAINER_IMAGE),
     "local": Case(isolating=False),
+    "podman": Case(image=PODMAN_IMAGE),
 }
+
+
+def _image_missing(name: str, image: str) -> str | None:
+    """Why the runtime's test image is not there (None: it is)."""
+    if name == "podman":
+        if subprocess.run([find_podman() or "podman", "image", "exists", image], capture_output=True).returncode == 0:
+            return None
+        return f"test image {image} missing (scripts/setup-podman.sh imports it; or set PRORL_PODMAN_IMAGE)"
+    if os.path.exists(image):
+        return None
+    return f"test image {image} missing (scripts/setup-apptainer.sh builds it; or set PRORL_APPTAINER_IMAGE)"
 
 
 def _param(name: str) -> Any:
     reason = unavailable_reason(name)
     image = CASES[name].image
-    if reason is None and image is not None and not os.path.exists(image):
-        reason = f"test image {image} missing (scripts/setup-apptainer.sh builds it; or set PRORL_APPTAINER_IMAGE)"
+    if reason is None and image is not None:
+        reason = _image_missing(name, image)
+    if name == "podman" and os.environ.get(REQUIRE_PODMAN_ENV) == "1":
+        return pytest.param(name, id=name)  # must run: a missing podman or image fails the tests, saying why
     return pytest.param(name, id=name, marks=pytest.mark.skipif(reason is not None, reason=f"{name}: {reason}"))
 
 
@@ -58,14 +77,18 @@ ALL = [_param(name) for name in CASES]
 
 
 def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[Any]]:
-    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups."""
+    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups,
+    podman containers."""
     mine = (lambda name: name.startswith("sbx-")) if ids is None else ids.__contains__
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
     owner_dir = DEFAULT_BASE_DIR / owner
     directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
     roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
-    return {k: v for k, v in {"processes": processes, "directories": directories, "cgroups": cgroups}.items() if v}
+    podman = owner_containers(owner) if used(owner_dir) else []
+    containers = [n for n in podman if ids is None or n.removeprefix("prorl-") in ids]
+    found = {"processes": processes, "directories": directories, "cgroups": cgroups, "containers": containers}
+    return {k: v for k, v in found.items() if v}
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02) -> bool:

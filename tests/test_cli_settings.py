@@ -192,7 +192,7 @@ def test_runtime_and_placement_names_are_declared_once():
     actions = serve_actions()
     assert tuple(actions["runtime"].choices) == RUNTIME_NAMES == registry.CHOICES
     assert tuple(actions["placement"].choices) == get_args(PlacementName)
-    assert set(registry.RUNTIMES) == set(registry.AUTO_ORDER) == set(RUNTIME_NAMES) - {"auto"}
+    assert set(registry.RUNTIMES) == set(RUNTIME_NAMES) - {"auto"} == {*registry.AUTO_ORDER, "podman"}
     assert set(POLICIES) == set(get_args(PlacementName))
     assert get_args(FIELDS["runtime"].annotation) == RUNTIME_NAMES
     assert get_args(FIELDS["placement"].annotation) == get_args(PlacementName)

@@ -1,7 +1,7 @@
 """`harbor`: the Harbor task folders of examples/harbor-tasks/ built from their Dockerfiles (FROM mapped to
 the local base of scripts/setup-apptainer.sh, one base for all), run by their oracle solutions to reward 1.0
-and by an agent that does nothing to 0.0, on Apptainer and on bubblewrap (the built image unpacked to a root
-directory); the agent loop solving one on the scripted double; and bad task folders refused at submission
+and by an agent that does nothing to 0.0, on Apptainer, bubblewrap and Podman (the built image unpacked to a
+root directory, which podman runs with `--rootfs DIR:O`); the agent loop solving one on the scripted double; and bad task folders refused at submission
 with the file and field named, a build past its timeout failing the job with the Dockerfile's line."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("harbor-cache")
 
 
-@pytest.mark.parametrize("runtime", ["apptainer", "bwrap"])
+@pytest.mark.parametrize("runtime", ["apptainer", "bwrap", "podman"])
 def test_every_shipped_task_scores_1_by_its_oracle_and_0_when_nothing_is_done(start_server, strict, cache, runtime):
     if (reason := unavailable_reason(runtime)) is not None:
         pytest.skip(f"{runtime}: {reason}")
@@ -121,7 +121,7 @@ subprocess.run(["bash", "-c", reply["choices"][0]["message"]["content"]], check=
 """
 
 
-@pytest.mark.parametrize("runtime", ["apptainer", "bwrap"])
+@pytest.mark.parametrize("runtime", ["apptainer", "bwrap", "podman"])
 def test_a_harness_command_reaches_the_gateway_from_the_task_s_image(start_server, strict, cache, runtime):
     if (reason := unavailable_reason(runtime)) is not None:
         pytest.skip(f"{runtime}: {reason}")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from prorl_server.sandbox import new_owner_id, reap, reap_orphans
+from prorl_server.sandbox.containers import owner_containers
 from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, owner_alive, tagged_processes
 
 pytest_plugins = ("sandbox_fixtures",)
@@ -76,6 +77,7 @@ def test_restart_after_kill_9_of_a_server_with_50_sandboxes_leaves_none(any_runt
     assert any_runtime.wait_until(lambda: not [p for p in tagged_processes() if p.owner == owner], timeout=10)
     assert not (DEFAULT_BASE_DIR / owner).exists()
     assert any_runtime.leftovers(owner=owner) == {}  # processes, private directories, cgroups
+    assert owner_containers(owner) == []  # podman's, by owner label (none for the other runtimes)
     if any_runtime.name == "local":  # no pid namespace: the execution servers and escapees outlive the server
         assert len({p.sandbox_id for p in killed if p.owner == owner}) == 50
         assert len([p for p in killed if p.owner == owner]) >= 60

@@ -12,7 +12,7 @@ from prorl_server.sandbox.local import LocalRuntime
 
 def test_available_names_every_runtime_with_a_reason_or_none():
     found = available()
-    assert set(found) == {"apptainer", "bwrap", "local"} == set(CHOICES) - {"auto"}
+    assert set(found) == {"apptainer", "bwrap", "local", "podman"} == set(CHOICES) - {"auto"}
     assert found["local"] is None
     assert all(reason is None or (isinstance(reason, str) and reason) for reason in found.values())
 
@@ -23,6 +23,13 @@ def test_auto_takes_the_first_available_in_order(monkeypatch):
     assert registry.choose("auto") == "bwrap"
     reasons["apptainer"] = None
     assert registry.choose("auto") == "apptainer"
+
+
+def test_auto_never_picks_podman(monkeypatch):
+    reasons = {"apptainer": "not installed", "bwrap": "not installed", "local": None, "podman": None}
+    monkeypatch.setattr(registry, "unavailable_reason", reasons.__getitem__)
+    assert registry.choose("auto") == "local"
+    assert registry.choose("podman") == "podman"
 
 
 def test_auto_falls_back_to_local_loudly(monkeypatch, caplog):

@@ -123,6 +123,13 @@ def add_build_image(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--suite", default=DEFAULTS["suite"], help="Debian suite (debootstrap only)")
     build.add_argument("--mirror", default=DEFAULTS["mirror"], help="Debian mirror (debootstrap only)")
     build.add_argument("--explain", action="store_true", help="print the inputs of the cache key and exit")
+    build.add_argument(
+        "--runtime",
+        choices=("apptainer", "podman"),
+        default="apptainer",
+        help="apptainer: a .sif; podman: an image in podman's local storage, from --dockerfile (podman build; "
+        "--base-map to root directories) or from --base DIR alone (the root directory imported)",
+    )
 
 
 def add_prewarm_images(sub: argparse._SubParsersAction) -> None:
@@ -143,6 +150,9 @@ def build_image(args: argparse.Namespace) -> None:
 
     builder = ImageBuilder(cache_dir=args.cache_dir)
     try:
+        if args.runtime == "podman":
+            build_for_podman(args)
+            return
         if args.dockerfile is not None:
             build_from_dockerfile(args, builder)
             return
@@ -170,6 +180,33 @@ def print_built(image: BuiltImage, mode: str) -> None:
     """The line `build-image` prints for a built or reused image."""
     how = "reused" if image.cached else "built"
     print(f"{image.path}  ({how} in {image.seconds:.1f} s, cache mode {mode}, key {image.key})")
+
+
+def build_for_podman(args: argparse.Namespace) -> None:
+    """`build-image --runtime podman`: a Dockerfile built, or a root directory imported, into podman's storage."""
+    from prorl_server.sandbox.dockerfile import parse_mapping
+    from prorl_server.sandbox.images import ImageBuildError
+    from prorl_server.sandbox.podman_images import build_dockerfile, import_rootfs
+
+    apptainer_only = {"a template": args.template, "--out": args.out, "--lockfile": args.lockfile}
+    apptainer_only |= {"--package": args.package, "--no-ipython": args.no_ipython, "--explain": args.explain}
+    apptainer_only |= {"--cache-mode": args.cache_mode != "versioned"}
+    given = [name for name, value in apptainer_only.items() if value]
+    if given:
+        raise ImageBuildError(f"{', '.join(given)}: not for --runtime podman (a Dockerfile, or --base DIR alone)")
+    if args.dockerfile is not None:
+        if args.base is not None:
+            raise ImageBuildError("--base: with --dockerfile its FROM is the base (map it with --base-map)")
+        base_map = {name: Path(path) for name, path in parse_mapping(args.base_map, "--base-map").items()}
+        build_args = parse_mapping(args.build_arg, "--build-arg")
+        image = build_dockerfile(args.dockerfile, args.context, build_args, base_map, args.cache_dir)
+    elif args.base is not None:
+        image = import_rootfs(args.base)
+    else:
+        raise ImageBuildError("--runtime podman needs --dockerfile PATH, or --base DIR to import a root directory")
+    how = "reused" if image.cached else "built"
+    print(f"{image.reference}  ({how} in {image.seconds:.1f} s, key {image.key})")
+    print(f"workdir {image.workdir}")
 
 
 def build_from_dockerfile(args: argparse.Namespace, builder: ImageBuilder) -> None:

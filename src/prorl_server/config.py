@@ -16,8 +16,9 @@ from prorl_server.actions.quota import parse_service_quota
 from prorl_server.protocol.jobs import StalePolicy
 from prorl_server.simllm.profile import DEFAULT_PROFILE
 
-RuntimeName = Literal["auto", "apptainer", "bwrap", "local"]
-"""Sandbox runtimes by name (`auto`: the first available of the others, in this order)."""
+RuntimeName = Literal["auto", "apptainer", "bwrap", "local", "podman"]
+"""Sandbox runtimes by name (`auto`: the first available of apptainer, bwrap, local, in this order; podman
+only when named)."""
 RUNTIME_NAMES: tuple[str, ...] = get_args(RuntimeName)
 
 PlacementName = Literal["sticky_least_loaded", "min_heap", "least_loaded", "presorted_dp"]
@@ -89,12 +90,12 @@ class ServerSettings(BaseModel):
     runtime: RuntimeName = Field(
         default="auto",
         description="Sandbox runtime; auto = apptainer when installed and an image is given, else bubblewrap, "
-        "else local (no isolation, loudly).",
+        "else local (no isolation, loudly); podman only when named.",
     )
     sandbox_image: str | None = Field(
         default=None,
         description="Default image of ctx.start_sandbox(): a .sif or directory for Apptainer, a root directory "
-        "for bubblewrap.",
+        "for bubblewrap, a local image or a root directory for Podman.",
     )
     sandbox_dir: Path = Field(
         default=Path("/tmp"),

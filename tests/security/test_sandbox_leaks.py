@@ -20,8 +20,8 @@ from prorl_server.llm import BackendPool, LLMSession, VLLMClient
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.protocol import Trajectory
 from prorl_server.sandbox import SandboxManager, make_runtime
+from prorl_server.sandbox.containers import owner_containers
 from prorl_server.sandbox.reaper import tagged_processes
-from prorl_server.sandbox.registry import unavailable_reason
 
 pytest_plugins = ("sandbox_fixtures",)
 
@@ -71,16 +71,14 @@ def owner_processes(owner: str) -> list[int]:
     return [p.pid for p in tagged_processes() if p.owner == owner]
 
 
-needs_bwrap = pytest.mark.skipif(unavailable_reason("bwrap") is not None, reason=f"{unavailable_reason('bwrap')}")
-
-
-@needs_bwrap
-@pytest.mark.parametrize("isolated", ["bwrap"], indirect=True)
 @pytest.mark.parametrize("prewarm", [0, 2])
 def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_server, backend, isolated, prewarm):
+    if isolated.name != "bwrap" and prewarm:
+        pytest.skip("waiting launchers (prewarm) are a bubblewrap option")
+    options = {"prewarm": prewarm} if isolated.name == "bwrap" else {}
     handler = SyncSandboxHandler()
     server = start_server([backend.address], handlers={"sync_sandbox": handler}, run_workers=8)
-    runtime = make_runtime("bwrap", isolated.owner, prewarm=prewarm)
+    runtime = make_runtime(isolated.name, isolated.owner, **options)
     manager = SandboxManager(runtime, isolated.owner, isolated.spec())
     server.state.orchestrator.sandboxes = manager
     instance = {"data_source": "sync_sandbox"}
@@ -102,6 +100,7 @@ def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_serve
     assert wait_until(lambda: manager.live == 0), f"{manager.live} sandboxes outlived their jobs"
     runtime.close()  # the waiting launchers (prewarm) are not sandboxes of jobs
     assert wait_until(lambda: not owner_processes(isolated.owner)), owner_processes(isolated.owner)
+    assert owner_containers(isolated.owner) == []  # podman's
     # Every worker thread gets out of ctx.wait: the call it was waiting on was cancelled.
     assert wait_until(lambda: handler.running == 0), f"{handler.running} run() calls still blocked"
     assert "returned" not in handler.ended

@@ -83,7 +83,7 @@ class Sandbox(ABC):
 
 
 class Runtime(ABC):
-    """Starts sandboxes of one kind (apptainer, bubblewrap, local)."""
+    """Starts sandboxes of one kind (apptainer, bubblewrap, local, podman)."""
 
     name: str
     cpu_pool: CpuPool | None = None

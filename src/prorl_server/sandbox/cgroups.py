@@ -271,3 +271,37 @@ def owner_directories(hierarchies: list[Hierarchy]) -> dict[str, list[Path]]:
                 if child.is_dir():
                     out.setdefault(child.name, []).append(child)
     return out
+
+
+def adopt(cgroup: SandboxCgroup, pid: int, timeout_s: float = 5.0) -> list[Path]:
+    """Move every member of `pid`'s cgroups into `cgroup`, in each hierarchy `cgroup` has a directory in
+    (members forked meanwhile too, until none is left or `timeout_s`); returns the emptied cgroups.
+
+    For a runtime whose processes start in cgroups of their own (podman's): afterwards the sandbox's limits,
+    CPU grants and kill reach them as they reach the processes of the other runtimes. OSError if one cannot
+    be moved (or `pid` is gone)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        paths = [line.rstrip("\n").split(":", 2) for line in f]
+    mounts = _mounts()
+    emptied = []
+    for directory in cgroup.directories:
+        source = None
+        for root, point, options in mounts:
+            if directory.is_relative_to(point):
+                fstype, opts = options.split(" ", 1)
+                names = {""} if fstype == "cgroup2" else set(opts.split(","))
+                for _, controllers, path in paths:
+                    if set(controllers.split(",") if controllers else [""]) & names:
+                        source = _inside(root, point, path)
+                break
+        if source is None or source == directory:
+            continue
+        deadline = time.monotonic() + timeout_s
+        while members := [p for p in (source / "cgroup.procs").read_text().split() if p]:
+            for member in members:
+                with contextlib.suppress(ProcessLookupError):
+                    (directory / "cgroup.procs").write_text(member)
+            if time.monotonic() > deadline:
+                raise OSError(f"processes {members} keep appearing in cgroup {source}")
+        emptied.append(source)
+    return emptied

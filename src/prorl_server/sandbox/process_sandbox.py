@@ -32,7 +32,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prorl_server.actions import ActionDemand
 from prorl_server.sandbox import cgroups
@@ -529,7 +529,7 @@ class ProcessRuntime(Runtime):
             if address is not None:
                 self.loopback.release(address)
             raise
-        sandbox = ProcessSandbox(
+        sandbox = self.sandbox(
             slot=slot,
             spec=spec,
             popen=popen,
@@ -556,6 +556,11 @@ class ProcessRuntime(Runtime):
                 with self._lock:
                     self._starting -= 1
         return sandbox
+
+    def sandbox(self, **options: Any) -> ProcessSandbox:
+        """The sandbox object for a started top process (a runtime whose processes leave the top process's
+        group, such as podman's, returns a subclass that stops them)."""
+        return ProcessSandbox(**options)
 
     def _closed(self, sandbox: ProcessSandbox) -> None:
         """A sandbox finished closing: give its address back."""

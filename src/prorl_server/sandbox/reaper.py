@@ -7,7 +7,7 @@ its environment (`/proc/<pid>/environ`). An owner id names the server instance t
 PID never keeps a dead owner alive.
 
 - On server start, `reap_orphans(current_owner)` kills the processes of dead owners only, and removes their
-  private directories and cgroups: two servers on one node never kill each other's sandboxes. Tags that are
+  private directories, cgroups and podman containers (by label, containers.py): two servers on one node never kill each other's sandboxes. Tags that are
   not in this format are left alone (and logged).
 - On server stop, `reap(owner=current_owner)` kills whatever its own sandboxes left behind.
 
@@ -26,7 +26,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_server.sandbox import cgroups
+from prorl_server.sandbox import cgroups, containers
 from prorl_server.sandbox.private_dir import user_dir
 from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
@@ -174,7 +174,10 @@ def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tag
 
 
 def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
-    """Kill what is left in an owner's cgroups, remove them and its private directories."""
+    """Remove an owner's podman containers (if it started any), kill what is left in its cgroups, remove them
+    and its private directories."""
+    if containers.used(base_dir / owner):
+        containers.remove_containers(owner)
     for directory in cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)).get(owner, []):
         with contextlib.suppress(OSError):
             leftover = cgroups.SandboxCgroup([d for d in directory.iterdir() if d.is_dir()])
@@ -188,6 +191,7 @@ def reap_orphans(current_owner: str | None = None, base_dir: Path = DEFAULT_BASE
     """Server start: kill the processes of dead owners and remove their files; live owners are left alone."""
     owners = {p.owner for p in tagged_processes()}
     owners |= set(cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)))
+    owners |= containers.container_owners()
     with contextlib.suppress(OSError):
         owners |= {d.name for d in base_dir.iterdir()}
     killed: list[Tagged] = []

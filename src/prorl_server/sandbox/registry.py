@@ -1,7 +1,9 @@
-"""Runtime selection by name (`--runtime auto|apptainer|bwrap|local`).
+"""Runtime selection by name (`--runtime auto|apptainer|bwrap|local|podman`).
 
 `auto` takes the first available of apptainer (or singularity), bubblewrap, local; falling back to local
-logs a loud warning with the reasons the others are unavailable. Runtimes are imported only when asked for.
+logs a loud warning with the reasons the others are unavailable. Podman is used only when named: its images
+are podman's own or root directories, not the host root `auto`'s other choices also run. Runtimes are
+imported only when asked for.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from prorl_server.sandbox.base import Runtime, SandboxError
 log = logging.getLogger(__name__)
 
 CHOICES = RUNTIME_NAMES  # declared once, in config.py
-AUTO_ORDER = tuple(name for name in CHOICES if name != "auto")
-RUNTIMES: dict[RuntimeName, str] = {  # one implementation per name of AUTO_ORDER
+AUTO_ORDER = ("apptainer", "bwrap", "local")
+RUNTIMES: dict[RuntimeName, str] = {  # one implementation per name of CHOICES but auto
     "apptainer": "prorl_server.sandbox.apptainer:ApptainerRuntime",
     "bwrap": "prorl_server.sandbox.bwrap:BwrapRuntime",
     "local": "prorl_server.sandbox.local:LocalRuntime",
+    "podman": "prorl_server.sandbox.podman:PodmanRuntime",
 }
 
 

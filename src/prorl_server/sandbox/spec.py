@@ -39,7 +39,7 @@ class SandboxSpec(BaseModel):
     image: str | None = Field(
         default=None,
         description="apptainer: a .sif file or directory image; bubblewrap: a root directory (None = host root, "
-        "read-only); local: ignored.",
+        "read-only); podman: an image in podman's local storage or a root directory; local: ignored.",
     )
     binds: list[Bind] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="Added to a scrubbed environment.")
