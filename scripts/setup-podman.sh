@@ -12,7 +12,7 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
   fi
   echo "==> apt-get install podman runc"
   apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends podman runc >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc >/dev/null  # with its recommends, as tested
 fi
 if ! podman image exists "$IMAGE"; then
   if [ ! -x "$IMGROOT/usr/bin/python3" ]; then
