@@ -58,8 +58,9 @@ ALL = [_param(name) for name in CASES]
 
 
 def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[Any]]:
-    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups."""
-    mine = (lambda name: name.startswith("sbx-")) if ids is None else ids.__contains__
+    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories (snapshots
+    too), cgroups."""
+    mine = (lambda name: name.startswith(("sbx-", "snap-"))) if ids is None else ids.__contains__
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
     owner_dir = DEFAULT_BASE_DIR / owner
     directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
