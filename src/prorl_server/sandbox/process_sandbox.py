@@ -559,16 +559,26 @@ class ProcessRuntime(Runtime):
         if not isinstance(sandbox, ProcessSandbox) or sandbox.slot.fork is not None:
             await sandbox.close()
             raise SandboxError("only a sandbox this runtime started afresh (not a fork) can be snapshotted")
-        snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, self.base_dir, self.owner)
         try:
-            layers = await self.capture(sandbox, directory)
-            snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)
-            await asyncio.to_thread(snapshot.write_manifest)
+            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, self.base_dir, self.owner)
         except BaseException:
+            await sandbox.close()
+            raise
+        work = asyncio.ensure_future(self._make_snapshot(sandbox, snapshot_id, directory))
+        try:
+            return await asyncio.shield(work)
+        except BaseException:  # cancelled too: a copy still running in a thread ends before its directory goes
+            with contextlib.suppress(BaseException):
+                await work
             await asyncio.to_thread(shutil.rmtree, directory, True)
             raise
         finally:
             await sandbox.close()
+
+    async def _make_snapshot(self, sandbox: ProcessSandbox, snapshot_id: str, directory: Path) -> Snapshot:
+        layers = await self.capture(sandbox, directory)
+        snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)
+        await asyncio.to_thread(snapshot.write_manifest)
         return snapshot
 
     async def capture(self, sandbox: ProcessSandbox, directory: Path) -> tuple[str, ...]:
