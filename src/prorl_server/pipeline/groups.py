@@ -36,6 +36,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
+from prorl_server.handlers.registry import HandlerLoadError, UnknownDataSource
 from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.job import Job
@@ -310,9 +311,15 @@ class GroupRunner:
     def _fork(self, group_id: str, request: GroupRequest) -> GroupFork | None:
         """The members' shared INIT when the handler asks for it (`fork_after_init`) and the runtime forks;
         else None (each member runs its own INIT, as it does when the runtime cannot fork: logged)."""
-        handler = self.orchestrator.registry.get(str(request.instance["data_source"]))
         manager = self.orchestrator.sandboxes
-        if not handler.fork_after_init or manager is None:
+        data_source = request.instance.get("data_source")
+        if manager is None or not isinstance(data_source, str):
+            return None  # a missing data_source is refused by `Orchestrator.submit`
+        try:
+            handler = self.orchestrator.registry.get(data_source)
+        except (UnknownDataSource, HandlerLoadError):  # refused by `Orchestrator.submit`
+            return None
+        if not handler.fork_after_init:
             return None
         reason = manager.runtime.fork_unavailable()
         if reason is not None:

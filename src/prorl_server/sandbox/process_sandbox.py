@@ -442,6 +442,12 @@ class ProcessSandbox(Sandbox):
         self.slot.discard()
 
 
+def _drop_snapshot(work: asyncio.Future[Snapshot]) -> None:
+    """A snapshot made for a caller that was cancelled meanwhile: remove it (in a thread)."""
+    if not work.cancelled() and work.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, work.result().remove)
+
+
 class ProcessRuntime(Runtime):
     """A runtime whose sandboxes are ProcessSandboxes; subclasses say how the top process starts."""
 
@@ -559,27 +565,26 @@ class ProcessRuntime(Runtime):
         if not isinstance(sandbox, ProcessSandbox) or sandbox.slot.fork is not None:
             await sandbox.close()
             raise SandboxError("only a sandbox this runtime started afresh (not a fork) can be snapshotted")
-        try:
-            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, self.base_dir, self.owner)
-        except BaseException:
-            await sandbox.close()
-            raise
-        work = asyncio.ensure_future(self._make_snapshot(sandbox, snapshot_id, directory))
+        work = asyncio.ensure_future(self._snapshot_and_close(sandbox))
         try:
             return await asyncio.shield(work)
-        except BaseException:  # cancelled too: a copy still running in a thread ends before its directory goes
-            with contextlib.suppress(BaseException):
-                await work
-            await asyncio.to_thread(shutil.rmtree, directory, True)
+        except asyncio.CancelledError:  # the snapshot and the close go on to their end; then the snapshot goes
+            work.add_done_callback(_drop_snapshot)
             raise
+
+    async def _snapshot_and_close(self, sandbox: ProcessSandbox) -> Snapshot:
+        try:
+            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, self.base_dir, self.owner)
+            try:
+                layers = await self.capture(sandbox, directory)
+                snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)
+                await asyncio.to_thread(snapshot.write_manifest)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                raise
+            return snapshot
         finally:
             await sandbox.close()
-
-    async def _make_snapshot(self, sandbox: ProcessSandbox, snapshot_id: str, directory: Path) -> Snapshot:
-        layers = await self.capture(sandbox, directory)
-        snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)
-        await asyncio.to_thread(snapshot.write_manifest)
-        return snapshot
 
     async def capture(self, sandbox: ProcessSandbox, directory: Path) -> tuple[str, ...]:
         """Put the writable state of `sandbox` into the empty `directory`, stopping its processes: the snapshot's
