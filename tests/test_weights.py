@@ -57,6 +57,7 @@ def test_pause_wait_finishes_in_flight_and_holds_next_turn(start_server, backend
         "mode": None,
         "version": 2,
         "in_flight_calls": 0,
+        "kept_calls": 0,
         "waiting_calls": 0,
         "lease_left_s": None,
         "lease_expired": 0,

@@ -21,6 +21,7 @@ from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
+from prorl_server.llm.engine_freeze import EngineFreeze
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.local_tokenizer import TokenizerCache
 from prorl_server.llm.pause_lease import PauseLease
@@ -94,10 +95,18 @@ class ServerState:
     journal: Journal | None = None
     metrics: ServerMetrics = field(init=False)  # GET /metrics and the dashboard's numbers
     pause_lease: PauseLease = field(init=False)  # ends a weight-update pause nobody ended
+    engine_freeze: EngineFreeze = field(init=False)  # the engines a keep pause froze
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.orchestrator)
-        self.pause_lease = PauseLease(self.backends.gate, self.settings.weight_pause_lease_s)
+        self.engine_freeze = EngineFreeze(
+            self.backends.client, lambda call: asyncio.wrap_future(self.health.submit(call))
+        )
+        self.pause_lease = PauseLease(
+            self.backends.gate,
+            self.settings.weight_pause_lease_s,
+            thaw=lambda: self.engine_freeze.thaw(self.backends.current_version),
+        )
 
     @classmethod
     def build(

@@ -6,11 +6,16 @@ backend that sampled it, and requests carry `cache_salt` naming that version.
 
 With `reload` in the body, each engine loads the new weights from a checkpoint directory and resets its
 prefix cache (vLLM's development endpoints, `llm/vllm_admin.py`) before the version is set.
+
+A pause in mode "keep" first freezes every engine (`llm/engine_freeze.py`): the calls in flight stay open
+and go on under the new weights after the resume, which resumes the engines first; each such turn records
+the versions it was resumed under (`TurnRecord.resumed_under`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
@@ -20,6 +25,7 @@ from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.llm import BackendPool
 from prorl_server.llm.backend import Backend
+from prorl_server.llm.engine_freeze import FreezeRefused
 from prorl_server.llm.errors import LLMError
 from prorl_server.llm.vllm_admin import Reloaded, reload_weights, restore_weights
 from prorl_server.protocol import (
@@ -32,6 +38,7 @@ from prorl_server.protocol import (
     WeightsStatus,
 )
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["weights"])
 WEIGHTS_PATH = "weights_path"  # per-backend cache key: the checkpoint it last reloaded (loaded back on a failure)
 _SHOWN_FAILURES = 8  # failed backends a 502 names one by one
@@ -50,18 +57,21 @@ async def pause(request: Request, state: State) -> Response:
 
     mode "wait" (default: `{}`) lets calls in flight finish; "abort" closes them now (the
     engine aborts them, their partial output is dropped) and they are sent again from the same prompt after
-    the resume. Pausing a paused server is idempotent: it stays paused, waits for the calls still in flight
-    again, and an "abort" pause aborts them (the mode becomes "abort").
+    the resume; "keep" freezes every engine first (409 naming those that cannot, and nothing changes) and
+    the calls in flight stay open, to go on after the resume. Pausing a paused server is idempotent: it
+    stays paused, waits for the calls still in flight again, and takes the stronger mode (abort, keep, wait).
 
     The pause is a lease: without an update or a resume within `lease_s` (default: `--weight-pause-lease`),
     dispatching resumes by itself, so a trainer that dies mid-update never leaves the server paused."""
     body = await parse_body(request, PauseRequest)
     gate = state.backends.gate
-    waited_for, aborted = gate.pause(body.mode)
+    if body.mode == "keep":
+        await _freeze(state)
+    paused = gate.pause(body.mode)
     state.pause_lease.arm(body.lease_s)
     drained = await gate.wait_idle(body.timeout_s)
     status = _status(state)
-    return model_response(PauseResponse(**status.model_dump(), waited_for=waited_for, aborted=aborted, drained=drained))
+    return model_response(PauseResponse(**status.model_dump(), **paused._asdict(), drained=drained))
 
 
 @router.post("/weights/update", response_model=UpdateResponse, openapi_extra=openapi_body(UpdateRequest))
@@ -85,9 +95,12 @@ async def update(request: Request, state: State) -> Response:
 
 @router.post("/weights/resume", response_model=WeightsStatus)
 async def resume(state: State) -> Response:
-    """Dispatch LLM calls again (the held ones first); 409 when not paused."""
-    if not state.backends.gate.resume():
+    """Resume the engines a keep pause froze, then dispatch LLM calls again (the held ones first); 409 when
+    not paused."""
+    if not state.backends.gate.paused:
         raise HTTPException(409, "LLM dispatching is not paused; nothing to resume")
+    await _thaw(state)
+    state.backends.gate.resume()
     state.pause_lease.end()
     return model_response(_status(state))
 
@@ -105,13 +118,16 @@ async def swap(request: Request, state: State) -> Response:
     gate = pool.gate
     _check_version(pool, body.version)
     was_paused = gate.paused
-    waited_for, aborted = gate.pause(body.mode)
+    if body.mode == "keep":
+        await _freeze(state)
+    paused = gate.pause(body.mode)
     if was_paused:
         state.pause_lease.renew()
     else:
         state.pause_lease.arm()
     if not await gate.wait_idle(body.timeout_s):
         if not was_paused:
+            await _thaw(state)
             gate.resume()
             state.pause_lease.end()
         raise HTTPException(409, f"{gate.in_flight} LLM call(s) still in flight after {body.timeout_s:g}s")
@@ -125,15 +141,11 @@ async def swap(request: Request, state: State) -> Response:
                 "(the pause ends by itself when its lease runs out)"
             )
         raise
+    await _thaw(state)
     gate.resume()
     state.pause_lease.end()
     return model_response(
-        SwapResponse(
-            **_status(state).model_dump(),
-            servers=[b.info() for b in pool.backends()],
-            waited_for=waited_for,
-            aborted=aborted,
-        )
+        SwapResponse(**_status(state).model_dump(), servers=[b.info() for b in pool.backends()], **paused._asdict())
     )
 
 
@@ -148,10 +160,26 @@ def _status(state: ServerState) -> WeightsStatus:
         mode=gate.mode,
         version=pool.current_version,
         in_flight_calls=gate.in_flight,
+        kept_calls=gate.kept,
         waiting_calls=gate.waiting,
         lease_left_s=lease.left_s if gate.paused else None,
         lease_expired=lease.expired,
     )
+
+
+async def _freeze(state: ServerState) -> None:
+    """Freeze every engine for a keep pause; 409 naming the engines that cannot (none is left frozen)."""
+    pool = state.backends
+    try:
+        await state.engine_freeze.freeze([b.address for b in pool.backends()], pool.current_version)
+    except FreezeRefused as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+async def _thaw(state: ServerState) -> None:
+    """Resume the engines a keep pause froze, their next tokens labelled with the current version."""
+    for failure in await state.engine_freeze.thaw(state.backends.current_version):
+        log.warning("resuming a frozen LLM engine failed (its kept calls may stall and be resent): %s", failure)
 
 
 def _check_paused(pool: BackendPool, what: str) -> None:
@@ -174,6 +202,7 @@ def _apply(state: ServerState, body: UpdateRequest) -> list[Backend]:
     _check_version(pool, body.version)
     servers = None if body.servers is None else [(s.address, s.tags) for s in body.servers]
     backends = pool.set_weight_version(body.version, servers)
+    pool.gate.note_version(body.version)  # the calls a keep pause froze go on under it
     if servers is not None:
         state.probe_soon()
     return backends
@@ -218,7 +247,14 @@ async def _reload(state: ServerState, body: UpdateRequest) -> list[Reloaded]:
 
     async def reload_all() -> list[Reloaded | BaseException]:
         calls = (
-            reload_weights(pool.client, a, reload.path, previous=previous[a], timeout_s=reload.timeout_s)
+            reload_weights(
+                pool.client,
+                a,
+                reload.path,
+                previous=previous[a],
+                timeout_s=reload.timeout_s,
+                reset_prefix=not state.engine_freeze.frozen,
+            )
             for a in addresses
         )
         return await asyncio.gather(*calls, return_exceptions=True)

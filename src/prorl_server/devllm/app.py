@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -12,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from prorl_server.devllm.engine import DevEngine, Generation
 from prorl_server.devllm.errors import DevLLMRequestError
+from prorl_server.devllm.keep_pause import add_keep_routes, spans
 from prorl_server.devllm.metrics import engine_registry
 from prorl_server.devllm.protocol import (
     ChatCompletionLogProbs,
@@ -151,6 +153,12 @@ def create_app(engine: DevEngine) -> FastAPI:
 
     card = ModelCard(id=engine.model_name, root=str(engine.model_path), max_model_len=engine.n_ctx)
     add_engine_basics(app, engine_registry(engine), card)
+    steps = engine.steps
+
+    async def pause() -> None:
+        await asyncio.to_thread(steps.pause)
+
+    add_keep_routes(app, pause=pause, resume=steps.resume, is_paused=lambda: steps.paused, set_label=steps.set_label)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
@@ -195,6 +203,7 @@ def create_app(engine: DevEngine) -> FastAPI:
             stop_reason=gen.stop_reason,
             prompt_token_ids=prompt if body.return_token_ids else None,
             token_ids=gen.output_ids if body.return_token_ids else None,
+            weight_versions=spans(gen.version_starts, len(gen.output_ids)),
         )
         return CompletionResponse(id=request_id, model=engine.model_name, choices=[choice], usage=usage(gen))
 

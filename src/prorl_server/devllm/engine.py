@@ -38,6 +38,7 @@ import numpy as np
 from prorl_server.devllm.chat_template import TEMPLATE_KEY, ChatTemplate
 from prorl_server.devllm.config import DEFAULT_MODEL_FILE, DevLLMSettings
 from prorl_server.devllm.errors import DevLLMRequestError, MissingDependency, require_llama_cpp
+from prorl_server.devllm.keep_pause import DEFAULT_LABEL, VersionStarts, track
 from prorl_server.devllm.sampler import Sampler, SamplingParams, log_softmax, top_logprobs
 from prorl_server.devllm.validation import check_model
 
@@ -74,6 +75,7 @@ class Generation:
     finish_reason: str = "length"  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     cache_salt: str | None = None
+    version_starts: VersionStarts = field(default_factory=list)  # (weight-version label, first token index)
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's `finished_reason` label values used here
@@ -97,6 +99,50 @@ def _common_prefix(cached: np.ndarray, prompt: Sequence[int]) -> int:
         return 0
     mismatch = np.flatnonzero(cached[:n] != np.asarray(prompt[:n], dtype=cached.dtype))
     return int(mismatch[0]) if mismatch.size else n
+
+
+class StepGate:
+    """The engine-wide keep pause: slot threads run each forward pass through it (`begin`, `end`), and a
+    pause holds them between two passes; `label` is the weight-version label of the passes run now."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._paused = False
+        self._active = 0
+        self.label = DEFAULT_LABEL
+
+    @property
+    def paused(self) -> bool:
+        with self._cond:
+            return self._paused
+
+    def begin(self, cancel: threading.Event) -> str:
+        """Wait while paused (unless `cancel` is set), then run a pass; returns its label. Pair with `end`."""
+        with self._cond:
+            while self._paused and not cancel.is_set():
+                self._cond.wait(0.05)
+            self._active += 1
+            return self.label
+
+    def end(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def pause(self) -> None:
+        """Hold every slot before its next pass; returns (blocking) once no pass runs."""
+        with self._cond:
+            self._paused = True
+            self._cond.wait_for(lambda: self._active == 0)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def set_label(self, label: str) -> None:
+        with self._cond:
+            self.label = label
 
 
 class Slot:
@@ -136,9 +182,11 @@ class Slot:
         *,
         reused: int,
         salt: str | None,
+        steps: StepGate,
     ) -> Generation:
         """Generate on this slot's thread until a stop condition, `max_tokens` or `cancel`, reusing the first
-        `reused` cached tokens (`reusable_prefix`); the cache is then `salt`'s."""
+        `reused` cached tokens (`reusable_prefix`); the cache is then `salt`'s. Every forward pass goes
+        through `steps`; each token is labelled with the label of the pass that computed its logits."""
         llm = self.llm
         gen = Generation(request_id, self.index, reused, prompt, params, cache_salt=salt)
         if params.logprobs is not None:
@@ -149,51 +197,65 @@ class Slot:
                 llm.n_tokens = reused  # Llama.eval drops the KV cache past n_tokens; >= 1 token is evaluated
             else:
                 llm.reset()
+            label = steps.label
             for start in range(reused, len(prompt), llm.n_batch):
-                if cancel.is_set():
-                    gen.finish_reason = "abort"
-                    return gen
-                llm.eval(prompt[start : start + llm.n_batch])
-            self._decode(gen, cancel)
+                label = steps.begin(cancel)
+                try:
+                    if cancel.is_set():
+                        gen.finish_reason = "abort"
+                        return gen
+                    llm.eval(prompt[start : start + llm.n_batch])
+                finally:
+                    steps.end()
+            self._decode(gen, cancel, steps, label)
         except BaseException:
             llm.reset()
             raise
         return gen
 
-    def _decode(self, gen: Generation, cancel: threading.Event) -> None:
+    def _decode(self, gen: Generation, cancel: threading.Event, steps: StepGate, logits_label: str) -> None:
+        """Sample until a stop condition; `logits_label` is the label of the pass that computed the next logits."""
         llm, params = self.llm, gen.params
         sampler = Sampler(params)
         max_stop = max((len(s) for s in params.stop), default=0)
         text_bytes = bytearray()
         text = ""
         while True:
-            logits = np.ctypeslib.as_array(self._llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(self._n_vocab,))
-            token = sampler.sample(logits)
-            logprobs = log_softmax(logits)
-            gen.output_ids.append(token)
-            gen.logprobs.append(float(logprobs[token]))
-            if gen.top_logprobs is not None:
-                gen.top_logprobs.append(top_logprobs(logprobs, params.logprobs or 0))
-            piece = llm.detokenize([token])
-            searched_to = len(text)
-            text_bytes += piece
-            text = text_bytes.decode("utf-8", errors="replace")
-            eos = not params.ignore_eos and self._llama_cpp.llama_vocab_is_eog(self._vocab, token)
-            if eos or token in params.stop_token_ids:
-                gen.finish_reason, gen.stop_reason = "stop", (None if eos else token)
-                if not params.include_stop_str_in_output:
-                    text = text_bytes[: len(text_bytes) - len(piece)].decode("utf-8", errors="replace")
-                break
-            if stop := _find_stop(text, params, max(0, searched_to - max_stop)):
-                gen.finish_reason, gen.stop_reason, text = "stop", stop[0], stop[1]
-                break
-            if len(gen.output_ids) >= params.max_tokens:
-                gen.finish_reason = "length"
-                break
-            if cancel.is_set():
-                gen.finish_reason = "abort"
-                break
-            llm.eval([token])
+            label = steps.begin(cancel)
+            try:
+                if cancel.is_set():
+                    gen.finish_reason = "abort"
+                    break
+                logits = np.ctypeslib.as_array(
+                    self._llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(self._n_vocab,)
+                )
+                token = sampler.sample(logits)
+                logprobs = log_softmax(logits)
+                track(gen.version_starts, logits_label, len(gen.output_ids))
+                gen.output_ids.append(token)
+                gen.logprobs.append(float(logprobs[token]))
+                if gen.top_logprobs is not None:
+                    gen.top_logprobs.append(top_logprobs(logprobs, params.logprobs or 0))
+                piece = llm.detokenize([token])
+                searched_to = len(text)
+                text_bytes += piece
+                text = text_bytes.decode("utf-8", errors="replace")
+                eos = not params.ignore_eos and self._llama_cpp.llama_vocab_is_eog(self._vocab, token)
+                if eos or token in params.stop_token_ids:
+                    gen.finish_reason, gen.stop_reason = "stop", (None if eos else token)
+                    if not params.include_stop_str_in_output:
+                        text = text_bytes[: len(text_bytes) - len(piece)].decode("utf-8", errors="replace")
+                    break
+                if stop := _find_stop(text, params, max(0, searched_to - max_stop)):
+                    gen.finish_reason, gen.stop_reason, text = "stop", stop[0], stop[1]
+                    break
+                if len(gen.output_ids) >= params.max_tokens:
+                    gen.finish_reason = "length"
+                    break
+                llm.eval([token])
+                logits_label = label
+            finally:
+                steps.end()
         gen.text = text
 
     def close(self) -> None:
@@ -282,6 +344,7 @@ class DevEngine:
             for i in range(settings.slots)
         ]
         self._scheduler = SlotScheduler(self.slots)
+        self.steps = StepGate()  # the keep pause and the weight-version label (`keep_pause`)
         self.stats = EngineStats()
         self.recent: deque[Generation] | None = deque(maxlen=settings.debug_sampled) if settings.debug_sampled else None
         # The event loop's own (tiny) context for tokenizing and templates: slot contexts stay on their threads.
@@ -368,7 +431,9 @@ class DevEngine:
         stats.prefix_cache_queries += len(prompt)
         stats.prefix_cache_hits += reused
         cancel = threading.Event()
-        run = functools.partial(slot.run, request_id, prompt, params, cancel, reused=reused, salt=cache_salt)
+        run = functools.partial(
+            slot.run, request_id, prompt, params, cancel, reused=reused, salt=cache_salt, steps=self.steps
+        )
         work = asyncio.get_running_loop().run_in_executor(slot.executor, run)
         work.add_done_callback(lambda done: self._finished(slot, done))
         try:

@@ -89,8 +89,18 @@ class CompletionLogProbs(BaseModel):
     top_logprobs: list[dict[str, float] | None]
 
 
+class WeightVersionSpan(BaseModel):
+    """Output tokens `[start, end)` were sampled under the weight version labelled `version` (vLLM's shape)."""
+
+    version: str
+    start: int
+    end: int
+
+
 class CompletionResponseChoice(BaseModel):
-    """One completion choice; `prompt_token_ids`/`token_ids` are set with `return_token_ids`."""
+    """One completion choice; `prompt_token_ids`/`token_ids` are set with `return_token_ids`; `weight_versions`
+    once the engine's tokens are labelled (`POST /update_weight_version`; vLLM reports these spans on its
+    token-in-token-out endpoint, not on /v1/completions)."""
 
     index: int = 0
     text: str
@@ -100,6 +110,7 @@ class CompletionResponseChoice(BaseModel):
     prompt_logprobs: None = None
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 class UsageInfo(BaseModel):

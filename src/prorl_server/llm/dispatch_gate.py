@@ -4,8 +4,10 @@ Every backend request of an LLMSession passes the gate (`enter`, then `Ticket.ru
 the gate is paused no call is dispatched: `enter` waits (on whatever event loop the caller runs: each
 stage pool has its own) until `resume`. A pause in "wait" mode lets calls already in flight finish; in
 "abort" mode it cancels them at once (closing the HTTP request, so the engine aborts it) and their
-`Ticket.run` raises DispatchAborted, which tells the session to send the call again after the resume.
-`wait_idle` returns once no call is in flight, which is when the engines may be updated.
+`Ticket.run` raises DispatchAborted, which tells the session to send the call again after the resume. In
+"keep" mode the calls in flight are marked kept: their engines have frozen them (`llm/engine_freeze.py`),
+they stay open and go on after the resume, and each records the versions set meanwhile (`note_version`).
+`wait_idle` returns once no call is in flight (kept ones aside), which is when the engines may be updated.
 
 Thread-safe: state is kept under a threading lock, and waiters on other loops are woken with
 `call_soon_threadsafe`, as in `pipeline.cross_loop_semaphore`.
@@ -19,11 +21,20 @@ import threading
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 T = TypeVar("T")
 
-PauseMode = Literal["wait", "abort"]
+PauseMode = Literal["wait", "abort", "keep"]
+_PRECEDENCE: dict[PauseMode, int] = {"wait": 0, "keep": 1, "abort": 2}  # a paused gate takes the strongest mode
+
+
+class Paused(NamedTuple):
+    """What one `DispatchGate.pause` did to the calls in flight."""
+
+    waited_for: int
+    aborted: int
+    kept: int
 
 
 class PauseClock(Protocol):
@@ -40,13 +51,21 @@ class DispatchAborted(Exception):
 
 @dataclass(eq=False)
 class Ticket:
-    """One call admitted through the gate; `waited_s` is how long it was held back by a pause."""
+    """One call admitted through the gate; `waited_s` is how long it was held back by a pause, `resumed_under`
+    the versions set while a keep pause held it frozen."""
 
     gate: DispatchGate
     waited_s: float
     aborted: bool = False
+    kept: bool = False
+    resumed_under: list[str | int] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Future | None = field(default=None, repr=False)
+
+    def resumed(self) -> list[str | int]:
+        """The versions set while a keep pause held this call frozen, in order (a copy)."""
+        with self.gate._lock:
+            return list(self.resumed_under)
 
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable` as a child task the gate can abort; raises DispatchAborted when it did."""
@@ -95,9 +114,18 @@ class DispatchGate:
 
     @property
     def in_flight(self) -> int:
-        """Calls admitted and not finished yet."""
+        """Calls admitted and not finished yet, those a keep pause froze left out."""
         with self._lock:
-            return len(self._in_flight)
+            return self._running_locked()
+
+    @property
+    def kept(self) -> int:
+        """Calls a keep pause froze on their engines, not finished yet."""
+        with self._lock:
+            return len(self._in_flight) - self._running_locked()
+
+    def _running_locked(self) -> int:
+        return sum(not t.kept for t in self._in_flight)
 
     @property
     def waiting(self) -> int:
@@ -138,25 +166,38 @@ class DispatchGate:
         """The call is over (any outcome)."""
         with self._lock:
             self._in_flight.discard(ticket)
-            if self._in_flight:
+            if self._running_locked():
                 return
             idle, self._idle_waiters = self._idle_waiters, []
         _wake(idle)
 
     # the trainer's side --------------------------------------------------------------------------------
 
-    def pause(self, mode: PauseMode = "wait") -> tuple[int, int]:
-        """Stop dispatching; with "abort", cancel the calls in flight. Idempotent: pausing a paused gate
-        again keeps it paused (an "abort" pause then aborts what is still in flight).
-
-        Returns (calls in flight that were left to finish, calls aborted)."""
+    def pause(self, mode: PauseMode = "wait") -> Paused:
+        """Stop dispatching; with "abort", cancel the calls in flight; with "keep", mark them kept (the caller
+        has frozen their engines). Idempotent: pausing a paused gate again keeps it paused, in the stronger of
+        the two modes (abort, then keep, then wait); an "abort" pause then aborts what is still in flight,
+        kept calls included."""
         with self._lock:
             self._paused = True
-            if mode == "abort" or self._mode is None:
+            if self._mode is None or _PRECEDENCE[mode] > _PRECEDENCE[self._mode]:
                 self._mode = mode
             if mode == "wait":
-                return len(self._in_flight), 0
-            return 0, sum(self._abort_locked(ticket) for ticket in list(self._in_flight))
+                return Paused(self._running_locked(), 0, 0)
+            if mode == "keep":
+                fresh = [t for t in self._in_flight if not t.kept and not t.aborted]
+                for ticket in fresh:
+                    ticket.kept = True
+                return Paused(0, 0, len(fresh))
+            return Paused(0, sum(self._abort_locked(ticket) for ticket in list(self._in_flight)), 0)
+
+    def note_version(self, version: str | int) -> int:
+        """A weight version was set while paused: every kept call will go on under it. Returns their count."""
+        with self._lock:
+            kept = [t for t in self._in_flight if t.kept]
+            for ticket in kept:
+                ticket.resumed_under.append(version)
+            return len(kept)
 
     def abort(self, ticket: Ticket) -> bool:
         """Abort one call in flight, as an "abort" pause does: its `Ticket.run` raises DispatchAborted and
@@ -167,27 +208,29 @@ class DispatchGate:
     def _abort_locked(self, ticket: Ticket) -> bool:
         if ticket.aborted:
             return False
-        ticket.aborted = True
+        ticket.aborted, ticket.kept = True, False
         if ticket.task is not None and ticket.loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
                 ticket.loop.call_soon_threadsafe(ticket.task.cancel)
         return True
 
     def resume(self) -> bool:
-        """Dispatch again; False when the gate was not paused."""
+        """Dispatch again (kept calls run on); False when the gate was not paused."""
         with self._lock:
             if not self._paused:
                 return False
             self._paused, self._mode = False, None
+            for ticket in self._in_flight:
+                ticket.kept = False
             waiters, self._waiters = self._waiters, []
         _wake(waiters)
         return True
 
     async def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Return True once no call is in flight, False when `timeout_s` passed first."""
+        """Return True once no call is in flight (kept ones aside), False when `timeout_s` passed first."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if not self._in_flight:
+            if not self._running_locked():
                 return True
             future: asyncio.Future[None] = loop.create_future()
             self._idle_waiters.append((loop, future))

@@ -3,8 +3,8 @@
 A trainer pauses LLM dispatching, updates the engines and resumes. If it dies in between (or a reload
 fails and it never resumes), the server would hold every LLM call forever. Each pause is therefore a lease:
 `POST /weights/pause` arms it (for the request's `lease_s`, else the server's `--weight-pause-lease`), an
-update renews it, a resume ends it. When it runs out while the server is still paused, dispatching resumes
-and a warning is logged; an engine reload in progress is waited for first (`updating`, the lock every
+update renews it, a resume ends it. When it runs out while the server is still paused, the engines a keep
+pause froze are resumed (`thaw`), dispatching resumes and a warning is logged; an engine reload in progress is waited for first (`updating`, the lock every
 reload holds), so no call is dispatched to an engine half way through loading weights.
 
 Lives on the API's event loop: every method is called from a route or the server's shutdown.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from prorl_server.llm.dispatch_gate import DispatchGate
 
@@ -24,9 +25,12 @@ log = logging.getLogger(__name__)
 class PauseLease:
     """The deadline of the current pause, and the lock reloads hold."""
 
-    def __init__(self, gate: DispatchGate, default_s: float) -> None:
+    def __init__(
+        self, gate: DispatchGate, default_s: float, thaw: Callable[[], Awaitable[list[str]]] | None = None
+    ) -> None:
         self.gate = gate
         self.default_s = default_s
+        self.thaw = thaw  # resumes the engines a keep pause froze; returns the failures
         self.updating = asyncio.Lock()  # held while engines reload; the lease waits for it before resuming
         self.expired = 0  # pauses ended by the lease
         self._lease_s = default_s
@@ -60,6 +64,9 @@ class PauseLease:
     async def _expire(self, lease_s: float) -> None:
         await asyncio.sleep(lease_s)
         async with self.updating:
+            if self.gate.paused and self.thaw is not None:
+                for failure in await self.thaw():
+                    log.warning("resuming a frozen LLM engine after the pause's lease failed: %s", failure)
             if self.gate.resume():
                 self.expired += 1
                 log.warning(

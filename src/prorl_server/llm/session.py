@@ -18,7 +18,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from prorl_server.llm.backend import Backend
@@ -39,7 +39,7 @@ from prorl_server.llm.tokenizer_check import BASE as _BASE
 from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
-from prorl_server.protocol import Trajectory, TurnRecord
+from prorl_server.protocol import Trajectory, TurnRecord, WeightSpan
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.telemetry import TrajectoryTelemetry
 from prorl_server.scheduling.view import TrajectoryView, prompt_key_of
@@ -83,10 +83,46 @@ def versioned_cache_salt(params: dict[str, Any], version: str | int | None) -> d
 
 @dataclass(slots=True)
 class _CallClock:
-    """Seconds one call spent waiting for an admission slot and at weight-update pauses."""
+    """Seconds one call spent waiting for an admission slot and at weight-update pauses, and the versions a
+    keep pause resumed its answered request under."""
 
     queue_s: float = 0.0
     pause_s: float = 0.0
+    resumed_under: list[str | int] = field(default_factory=list)
+
+
+def weight_spans(
+    engine_spans: list[tuple[str, int, int]] | None,
+    own: str | int | None,
+    resumed: list[str | int],
+    n_tokens: int,
+) -> list[WeightSpan] | None:
+    """Which output tokens of a kept turn each version sampled, from the engine's labelled spans: a span
+    labelled with the text of a version the turn was `resumed` under is that version's (in their order),
+    the spans before the first of them are the turn's `own` version (whatever the engine's label: the server
+    labels an engine only around a keep pause). None unless the spans are well formed: contiguous from 0 to
+    `n_tokens`."""
+    if not engine_spans or own is None:
+        return None
+    labels = [str(v) for v in resumed]
+    spans: list[WeightSpan] = []
+    at, index = 0, -1  # index: the last resumed version seen
+    for label, start, end in engine_spans:
+        if start != at or end <= start:
+            return None
+        if label in labels[max(index, 0) :]:
+            index = labels.index(label, max(index, 0))
+            version = resumed[index]
+        elif index >= 0:
+            return None  # an unknown label after a resumed version's
+        else:
+            version = own
+        if spans and spans[-1].version == version and type(spans[-1].version) is type(version):
+            spans[-1].end = end
+        else:
+            spans.append(WeightSpan(version=version, start=start, end=end))
+        at = end
+    return spans if at == n_tokens else None
 
 
 def _common_suffix_len(a: list[int], b: list[int]) -> int:
@@ -244,9 +280,16 @@ class LLMSession:
             raise
         llm_s = self._llm_seconds(started, clock)
         self.telemetry.call_ended(llm_s, clock.queue_s, answered=True)
+        resumed = clock.resumed_under
+        if resumed:
+            self._check_staleness(resumed[-1], also=weight_version, kept=True)
         turn = TurnRecord(
             backend=backend.address,
             weight_version=weight_version,
+            resumed_under=resumed,
+            weight_spans=weight_spans(completion.weight_spans, weight_version, resumed, len(completion.output_ids))
+            if resumed
+            else None,
             finish_reason=completion.finish_reason,
             stop_sequence=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
             prompt_len=len(prompt),
@@ -341,13 +384,16 @@ class LLMSession:
         if self.stale is not None:
             raise StaleRollout(self.stale)
 
-    def _check_staleness(self, version: str | int | None) -> None:
+    def _check_staleness(self, version: str | int | None, *, also: str | int | None = None, kept: bool = False) -> None:
         """Raise StaleRollout (policy "end") when a turn sampled under `version` would be more than
-        `max_staleness` versions ahead of the oldest turn so far (the group's too, for a refill)."""
+        `max_staleness` versions ahead of the oldest turn so far (the group's too, for a refill; and `also`,
+        the first version of a `kept` turn, which is then dropped)."""
         if self.max_staleness is None or self.stale_policy != "end" or version is None:
             return
         sampled = [(old, "the job's oldest turn") for old in self.trajectory.weight_versions]
         sampled += [(old, "the oldest turn of the group it refills") for old in self.group_versions]
+        if also is not None:
+            sampled.append((also, "the start of the turn a keep pause resumed"))
         worst: tuple[int, str | int, str] | None = None
         for old, whose in sampled:
             distance = self.pool.version_distance(old, version)
@@ -356,11 +402,16 @@ class LLMSession:
         if worst is None or worst[0] <= self.max_staleness:
             return
         distance, old, whose = worst
+        n = len(self.trajectory.turns)
+        what = (
+            f"turn {n + 1} was dropped, resumed under it after a keep pause"
+            if kept
+            else f"turn {n + 1} was not sampled"
+        )
         self.stale = (
             f"{whose} was sampled under weight version {old!r}, {distance} version(s) behind "
             f"version {version!r} that its next turn would be sampled under; max_staleness is {self.max_staleness} "
-            f"(turn {len(self.trajectory.turns) + 1} was not sampled; the {len(self.trajectory.turns)} before "
-            "are kept)"
+            f"({what}; the {n} before are kept)"
         )
         raise StaleRollout(self.stale)
 
@@ -459,6 +510,8 @@ class LLMSession:
                         backoff = min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time()))
                     try:
                         result = await ticket.run(self._attempt(backend, call, backoff, priority, clock))
+                        if clock is not None:
+                            clock.resumed_under = ticket.resumed()
                     except DispatchAborted:
                         self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
                         continue

@@ -47,9 +47,17 @@ class Reloaded:
 
 
 async def reload_weights(
-    client: VLLMClient, address: str, path: str, *, previous: str | None = None, timeout_s: float = 600.0
+    client: VLLMClient,
+    address: str,
+    path: str,
+    *,
+    previous: str | None = None,
+    timeout_s: float = 600.0,
+    reset_prefix: bool = True,
 ) -> Reloaded:
-    """Load the checkpoint in `path` into the engine at `address`, then reset its prefix cache.
+    """Load the checkpoint in `path` into the engine at `address`, then reset its prefix cache (not with
+    `reset_prefix` false: while a keep pause freezes requests, they hold its blocks and vLLM refuses the reset;
+    the new version's `cache_salt` keeps later requests off the old prefixes anyway).
 
     On a failed load the engine's previous checkpoint (`previous`, else the model it was started with, as
     `GET /v1/models` names it) is loaded again, so that the engine keeps serving the old weights; the
@@ -64,10 +72,11 @@ async def reload_weights(
             raise ReloadFailed(f"{address}: cannot reload weights: {_hint(exc)}") from exc
         _, now_serving = await restore_weights(client, address, previous, timeout_s)
         raise ReloadFailed(f"{address}: reloading weights from {path!r} failed: {exc}; {now_serving}") from exc
-    try:
-        await reset_prefix_cache(client, address)
-    except LLMError as exc:
-        raise ReloadFailed(f"{address}: loaded {path!r} but {exc}") from exc
+    if reset_prefix:
+        try:
+            await reset_prefix_cache(client, address)
+        except LLMError as exc:
+            raise ReloadFailed(f"{address}: loaded {path!r} but {exc}") from exc
     return Reloaded(address, loop.time() - started)
 
 

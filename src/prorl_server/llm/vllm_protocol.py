@@ -38,14 +38,25 @@ class CompletionLogProbs(_Response):
     token_logprobs: list[Logprob] | None = None
 
 
+class WeightVersionSpan(_Response):
+    """Output tokens `[start, end)` were sampled by the weights the engine labelled `version` (vLLM's
+    `WeightVersionSpan`; the dev engine and the simulator put a list of them on a completion's choice)."""
+
+    version: str = Field(max_length=256)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
 class CompletionResponseChoice(_Response):
-    """One choice; `token_ids` is there with `return_token_ids: true`."""
+    """One choice; `token_ids` is there with `return_token_ids: true`; `weight_versions` when the engine's
+    tokens are labelled with weight versions (`POST /update_weight_version`) and it reports them."""
 
     text: str = ""
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[TokenId] | None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 class CompletionResponse(_Response):
@@ -97,6 +108,8 @@ class Completion:
     text: str
     stop_reason: int | str | None = None
     """vLLM's: the stop string (or stop token id) the completion ended on; None at end of turn or length."""
+    weight_spans: list[tuple[str, int, int]] | None = None
+    """The engine's weight-version label of each range of output tokens (label, start, end), if it reports them."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,9 @@ def parse_completion(body: Body, *, max_tokens: int | None = None, vocab_size: i
         finish_reason=choice.finish_reason,
         text=choice.text,
         stop_reason=choice.stop_reason,
+        weight_spans=None
+        if choice.weight_versions is None
+        else [(span.version, span.start, span.end) for span in choice.weight_versions],
     )
 
 

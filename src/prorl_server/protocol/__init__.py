@@ -27,6 +27,7 @@ from prorl_server.protocol.jobs import (
     StalePolicy,
     Trajectory,
     TurnRecord,
+    WeightSpan,
 )
 from prorl_server.protocol.llm_servers import (
     AddLLMServerRequest,
@@ -104,5 +105,6 @@ __all__ = [
     "UpdateRequest",
     "UpdateResponse",
     "WeightServer",
+    "WeightSpan",
     "WeightsStatus",
 ]

@@ -76,11 +76,31 @@ class ProcessRequest(BaseModel):
     )
 
 
+class WeightSpan(BaseModel):
+    """Output tokens `[start, end)` of a turn were sampled under weight version `version`."""
+
+    version: str | int
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
 class TurnRecord(BaseModel):
     """One assistant turn, recorded at generation time."""
 
     backend: str
-    weight_version: str | int | None = None
+    weight_version: str | int | None = Field(
+        default=None, description="The weight version the turn's request was sent under (of its first token)."
+    )
+    resumed_under: list[str | int] = Field(
+        default_factory=list,
+        description="Weight versions set while a keep pause held this turn's request frozen on its engine, in "
+        "order: the tokens sampled after the resume are of the last one. Empty for a turn of one version.",
+    )
+    weight_spans: list[WeightSpan] | None = Field(
+        default=None,
+        description="For a turn with `resumed_under`: which output tokens each version sampled, as the engine "
+        "reported it (the dev engine and the simulator do; vLLM 0.32's /v1/completions does not: null then).",
+    )
     finish_reason: str | None = None
     stop_sequence: str | None = Field(
         default=None, description="The stop string (of the `stop` sampling param) the turn ended on, if one."
@@ -112,12 +132,13 @@ class Trajectory(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def weight_versions(self) -> list[str | int]:
-        """Every weight version the turns were sampled under, in turn order, each once (None left out)."""
+        """Every weight version the turns were sampled under, in turn order, each once (None left out); a turn
+        kept across a weight update adds the versions it was resumed under."""
         seen: list[str | int] = []
         for turn in self.turns:
-            version = turn.weight_version
-            if version is not None and not any(type(v) is type(version) and v == version for v in seen):
-                seen.append(version)
+            for version in (turn.weight_version, *turn.resumed_under):
+                if version is not None and not any(type(v) is type(version) and v == version for v in seen):
+                    seen.append(version)
         return seen
 
 

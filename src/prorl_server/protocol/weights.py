@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prorl_server.protocol.bounded import TagsJson
 from prorl_server.protocol.llm_servers import BackendAddress, LLMServerInfo, WeightVersion
 
-PauseMode = Literal["wait", "abort"]
+PauseMode = Literal["wait", "abort", "keep"]
 
 MAX_SERVERS = 4096
 
@@ -30,7 +30,9 @@ class PauseRequest(BaseModel):
 
     mode: PauseMode = Field(
         default="wait",
-        description="wait: calls in flight finish; abort: calls in flight are closed now and resent after resume.",
+        description="wait: calls in flight finish; abort: calls in flight are closed now and resent after resume; "
+        "keep: the engines freeze the calls in flight (with their KV cache) and go on with them after the resume, "
+        "under the new weights (409 naming the engines that cannot).",
     )
     timeout_s: float | None = Field(
         default=None,
@@ -110,7 +112,8 @@ class WeightsStatus(BaseModel):
     version: str | int | None = Field(
         default=None, description="The version last set by /weights/update or /weights/swap (null before)."
     )
-    in_flight_calls: int = Field(description="LLM calls dispatched and not finished.")
+    in_flight_calls: int = Field(description="LLM calls dispatched and not finished (kept ones left out).")
+    kept_calls: int = Field(default=0, description="LLM calls a keep pause froze on their engines, resumed after it.")
     waiting_calls: int = Field(description="LLM calls held back by the pause.")
     lease_left_s: float | None = Field(
         default=None,
@@ -124,7 +127,8 @@ class PauseResponse(WeightsStatus):
 
     waited_for: int = Field(description="Calls in flight this pause let finish.")
     aborted: int = Field(description="Calls in flight this pause aborted (resent after resume).")
-    drained: bool = Field(description="No call is in flight: the engines may be updated.")
+    kept: int = Field(default=0, description="Calls in flight this pause froze on their engines (mode keep).")
+    drained: bool = Field(description="No call is in flight (kept ones aside): the engines may be updated.")
 
 
 class UpdateResponse(WeightsStatus):
@@ -138,3 +142,4 @@ class SwapResponse(UpdateResponse):
 
     waited_for: int
     aborted: int
+    kept: int = 0

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from prorl_server.devllm.app import add_engine_basics, completion_logprobs, usage
+from prorl_server.devllm.keep_pause import add_keep_routes, spans
 from prorl_server.devllm.protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -70,6 +71,9 @@ def create_app(engine: SimEngine) -> FastAPI:
         id=engine.model_name, root=root or MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len
     )
     add_engine_basics(app, sim_registry(engine), card)
+    add_keep_routes(
+        app, pause=engine.pause, resume=engine.resume, is_paused=lambda: engine.paused, set_label=engine.set_label
+    )
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
@@ -114,6 +118,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             stop_reason=gen.stop_reason,
             prompt_token_ids=prompt if body.return_token_ids else None,
             token_ids=gen.output_ids if body.return_token_ids else None,
+            weight_versions=spans(gen.version_starts, len(gen.output_ids)),
         )
         return SimCompletionResponse(
             id=request_id, model=engine.model_name, choices=[choice], usage=usage(gen), sim=timing

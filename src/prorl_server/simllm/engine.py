@@ -12,6 +12,10 @@ Time: the simulated clock advances by the step durations while requests run, and
 simulated seconds per wall second while idle; each step sleeps its duration divided by `time_scale` (on
 the event loop, catching up after late wake-ups). Requests arriving during a step join at the next one.
 Each finished request reports its simulated queue, prefill and decode seconds (`SimTiming`).
+
+Keep pause (`pause`, `resume`): the step loop stops between two steps, every request stays where it is,
+and simulated time follows the wall clock until the resume. Each token is labelled with the weight-version
+label set when its step began (`set_label`; `devllm.keep_pause`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from prorl_server.devllm.engine import EngineStats, Generation
+from prorl_server.devllm.keep_pause import DEFAULT_LABEL, track
 from prorl_server.devllm.sampler import SamplingParams
 from prorl_server.devllm.validation import check_model
 from prorl_server.simllm.config import SimLLMSettings
@@ -120,6 +125,31 @@ class SimEngine:
         self._arrivals = itertools.count()
         self._wakeup = asyncio.Event()
         self._last_arrival = 0.0
+        self.label = DEFAULT_LABEL  # the weight-version label of the tokens of the next steps
+        self._paused = False
+        self._resumed = asyncio.Event()
+        self._parked = asyncio.Event()  # set while the step loop waits for the resume
+
+    @property
+    def paused(self) -> bool:
+        """A keep pause holds the step loop."""
+        return self._paused
+
+    async def pause(self) -> None:
+        """Stop stepping (the requests stay); returns once the running step is over."""
+        self._paused = True
+        self._resumed.clear()
+        self._wakeup.set()
+        await self._parked.wait()
+
+    def resume(self) -> None:
+        """Step again after `pause`."""
+        self._paused = False
+        self._resumed.set()
+
+    def set_label(self, label: str) -> None:
+        """Label the tokens of the steps that begin from now on."""
+        self.label = label
 
     @property
     def num_running(self) -> int:
@@ -130,6 +160,11 @@ class SimEngine:
     def num_waiting(self) -> int:
         """Requests queued (new or preempted)."""
         return len(self._waiting)
+
+    @property
+    def decoded_in_flight(self) -> int:
+        """Tokens decoded so far by the requests not finished yet (running, preempted or frozen)."""
+        return sum(r.generated for r in self._running) + sum(entry[1].generated for entry in self._waiting)
 
     def check_model(self, model: str | None) -> None:
         """A request naming another model gets vLLM's 404."""
@@ -195,12 +230,22 @@ class SimEngine:
         clock = self.clock
         deadline = time.monotonic()
         while True:
+            if self._paused:
+                clock.go_idle()
+                self._parked.set()
+                await self._resumed.wait()
+                self._parked.clear()
+                clock.resume(clock.read())
+                deadline = time.monotonic()
+                continue
             if not self._running and not self._waiting:
                 clock.go_idle()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 clock.resume(max(clock.now_s, self._last_arrival))
                 deadline = time.monotonic()
+                continue
+            label = self.label
             duration = self._schedule(clock.now_s)  # the admitted requests' prefill
             duration += self.settings.profile.seconds_per_token(len(self._running))
             clock.begin_step(duration)
@@ -208,6 +253,7 @@ class SimEngine:
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             clock.end_step()
             for request in list(self._running):
+                track(request.gen.version_starts, label, request.generated)
                 request.generated += 1
                 request.running_s += duration
                 if request.generated == len(request.gen.output_ids):
