@@ -23,7 +23,7 @@ import pytest
 
 from prorl_server.sandbox import DEFAULT_BASE_DIR, Runtime, Sandbox, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.cgroups import detect, owner_directories
-from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
+from prorl_server.sandbox.reaper import MEMORY_SNAPSHOT_DIR, reap, remove_owner_files, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
 
@@ -62,8 +62,13 @@ def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[A
     too), cgroups."""
     mine = (lambda name: name.startswith(("sbx-", "snap-"))) if ids is None else ids.__contains__
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
-    owner_dir = DEFAULT_BASE_DIR / owner
-    directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
+    directories = [
+        p
+        for root in (DEFAULT_BASE_DIR, MEMORY_SNAPSHOT_DIR)
+        if (root / owner).exists()
+        for p in (root / owner).iterdir()
+    ]
+    directories = [p for p in directories if mine(p.name)]
     roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
     return {k: v for k, v in {"processes": processes, "directories": directories, "cgroups": cgroups}.items() if v}

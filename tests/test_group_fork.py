@@ -18,7 +18,7 @@ from prorl_server.pipeline.fork import ForkStateError, GroupFork
 from prorl_server.pipeline.refill import refill_reason
 from prorl_server.protocol import JobResult, JobStatus, Trajectory
 from prorl_server.sandbox import DEFAULT_BASE_DIR, SandboxError, SandboxManager, make_runtime, new_owner_id
-from prorl_server.sandbox.reaper import remove_owner_files
+from prorl_server.sandbox.reaper import MEMORY_SNAPSHOT_DIR, remove_owner_files
 from prorl_server.sandbox.registry import unavailable_reason
 
 needs_forking_bwrap = pytest.mark.skipif(
@@ -67,8 +67,9 @@ class PerMemberHandler(ForkingHandler):
 
 
 def snapshots(owner: str) -> list[str]:
-    directory = DEFAULT_BASE_DIR / owner
-    return [p.name for p in directory.iterdir() if p.name.startswith("snap-")] if directory.exists() else []
+    """The owner's snapshot directories, on disk or in memory."""
+    roots = [DEFAULT_BASE_DIR / owner, MEMORY_SNAPSHOT_DIR / owner]
+    return [p.name for root in roots if root.exists() for p in root.iterdir() if p.name.startswith("snap-")]
 
 
 def run_group(server, data_source: str, n: int, group_id: str) -> list[dict]:

@@ -44,7 +44,7 @@ from prorl_server.sandbox.loopback import LoopbackAllocator
 from prorl_server.sandbox.network_guard import NetworkGuard
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.process import signal_group
-from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, kill_tagged
+from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, MEMORY_SNAPSHOT_DIR, kill_tagged
 from prorl_server.sandbox.snapshot import Snapshot, new_snapshot_dir
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tools.protocol import ENV_SANDBOX_ID, SOCKET_NAME
@@ -390,6 +390,11 @@ class ProcessSandbox(Sandbox):
         await self._terminate()
         await asyncio.to_thread(self._kill_and_reap)
 
+    def kill(self) -> None:
+        """SIGKILL every process of the sandbox now and reap its top process (blocking; files kept until
+        close())."""
+        self._kill_and_reap()
+
     def _kill_and_reap(self) -> None:
         self._kill_all()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -455,6 +460,7 @@ class ProcessRuntime(Runtime):
     sweep_tags = False
     confines = True  # Landlock and seccomp (confinement.py); the local runtime does not
     subdirs: tuple[str, ...] = ()  # made in the private directory
+    snapshots_in_memory = False  # keep snapshots under MEMORY_SNAPSHOT_DIR (where /dev/shm is), not base_dir
 
     def __init__(
         self,
@@ -574,7 +580,8 @@ class ProcessRuntime(Runtime):
 
     async def _snapshot_and_close(self, sandbox: ProcessSandbox) -> Snapshot:
         try:
-            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, self.base_dir, self.owner)
+            root = MEMORY_SNAPSHOT_DIR if self.snapshots_in_memory and MEMORY_SNAPSHOT_DIR.parent.is_dir() else None
+            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, root or self.base_dir, self.owner)
             try:
                 layers = await self.capture(sandbox, directory)
                 snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)

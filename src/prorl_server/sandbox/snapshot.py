@@ -9,7 +9,8 @@ write); the snapshot never changes. What a snapshot holds is per runtime:
   an image's /var/tmp), made while its processes are stopped, in `<n>/` for the mount `layers[n]`;
 - Apptainer: the sandbox's overlay (its ext3 image, or its directory with `disk_mb=None`), moved aside.
 
-A snapshot lives in `<sandboxes' directory>/<owner>/snap-<id>/` with a manifest written last; `check()`
+A snapshot lives in `<sandboxes' directory>/<owner>/snap-<id>/` (bubblewrap's in memory, under
+`reaper.MEMORY_SNAPSHOT_DIR` on /dev/shm, as the sandbox's writable mounts were) with a manifest written last; `check()`
 refuses one whose directory, manifest or layers are gone or do not match (SandboxError), and `remove()`
 deletes it. Processes are never part of a snapshot: a fork starts with its execution server alone.
 """
@@ -75,7 +76,8 @@ class Snapshot:
 
 
 def new_snapshot_dir(base_dir: Path, owner: str) -> tuple[str, Path]:
-    """A fresh snapshot id and its empty directory `<base>/<owner>/snap-<id>/` (mode 0700)."""
+    """A fresh snapshot id and its empty directory `<base_dir>/<owner>/snap-<id>/` (mode 0700; the reaper
+    removes `<owner>/` under DEFAULT_BASE_DIR and MEMORY_SNAPSHOT_DIR)."""
     snapshot_id = uuid.uuid4().hex[:12]
     ensure_private_dir(base_dir)
     (base_dir / owner).mkdir(mode=0o700, exist_ok=True)
