@@ -214,3 +214,19 @@ async def test_state_that_cannot_be_copied_fails_the_leader_clearly(manager):
     await a.release()
     await fork.aclose()
     assert snapshots(manager.owner) == [] and manager.live == 0
+
+
+@needs_forking_bwrap
+async def test_an_init_that_starts_two_sandboxes_fails_the_leader_clearly(manager):
+    fork = GroupFork("g", manager)
+    a = context("a", manager)
+
+    async def init() -> None:
+        await a.start_sandbox()
+        await a.start_sandbox()
+
+    with pytest.raises(ForkStateError, match="started 2 sandboxes"):
+        await fork.init(a, init)
+    await a.release()
+    await fork.aclose()
+    assert snapshots(manager.owner) == [] and manager.live == 0

@@ -95,6 +95,7 @@ class JobContext:
     _waits: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)  # ctx.wait in progress
     _late_releases: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     _started: list[Sandbox] = field(default_factory=list, repr=False)  # every sandbox the job started, in order
+    _gateway_started: bool = field(default=False, repr=False)  # one of them with gateway=
 
     @property
     def data_source(self) -> str:
@@ -158,6 +159,7 @@ class JobContext:
             spec = await self._with_gateway(spec or manager.default_spec, gateway)
         sandbox = await self._adopt(await manager.start(spec), manager)
         if gateway is not None:
+            self._gateway_started = True
             await start_relay(sandbox)
         return sandbox
 

@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class ForkStateError(TypeError):
-    """A forking handler's INIT left state that cannot be copied for the group's other members, or started
-    more than one sandbox."""
+    """A forking handler's INIT left state that cannot be copied for the group's other members, started more
+    than one sandbox, or started one with a gateway session."""
 
 
 @dataclass
@@ -102,6 +102,11 @@ class GroupFork:
             raise ForkStateError(
                 f"INIT started {len(ctx._started)} sandboxes; a handler with fork_after_init starts one at most "
                 "(ctx.sandbox), which its group's members fork"
+            )
+        if ctx._gateway_started:
+            raise ForkStateError(
+                "INIT started its sandbox with gateway=: every fork would reach that one gateway session; a handler "
+                "with fork_after_init starts the agent's gateway sandbox in RUN"
             )
         snapshot = None
         if ctx.sandbox is not None:
