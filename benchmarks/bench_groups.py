@@ -8,7 +8,7 @@ Run it from the repository root::
         [--steps 3] [--groups 16] [--group-size 8] [--failure-rate 0.05] [--seed 0] [--time-scale 20]
         [--sandbox-runtime bwrap] [--sandbox-group-size 8] [--sandbox-packages 16] [--no-sandbox-part]
 
-About 1.5 minutes on 2 cores with the defaults. Each arm (a row of the tables) gets a fresh prorl-server (in
+About three and a half minutes on 2 cores with the defaults (the sandbox part about 30 s). Each arm (a row of the tables) gets a fresh prorl-server (in
 this process) over a fresh simulator (SimLLMServer: `--max-num-seqs` 128, the default latency profile, output
 lengths lognormal around 256 tokens, `--time-scale` simulated seconds per wall second), and runs `--steps`
 training steps. A step posts `--groups` groups of `--group-size` members at once (`POST /groups?wait=false`)
