@@ -544,9 +544,14 @@ class ProcessRuntime(Runtime):
         With a CPU pool, a `per_action` sandbox's start is an action (kind `start`, one core): it waits for
         its core, and the sandbox is at the idle share once started."""
         if self.cpu_pool is None or spec.cpu_grants == "static":
-            return await self._start(spec, None, fork)
+            return await self._start_or_fork(spec, None, fork)
         async with self.cpu_pool.scheduler.action(ActionDemand(START_KIND)) as grant:
-            return await self._start(spec, grant, fork)
+            return await self._start_or_fork(spec, grant, fork)
+
+    async def _start_or_fork(self, spec: SandboxSpec, grant: Grant | None, fork: Snapshot | None) -> ProcessSandbox:
+        """`_start` a fresh sandbox, or a fork: a runtime that does not fork may override `_start` without
+        the `fork` parameter."""
+        return await (self._start(spec, grant) if fork is None else self._start(spec, grant, fork))
 
     async def fork(self, snapshot: Snapshot) -> Sandbox:
         """A copy-on-write fork of `snapshot` (see Runtime.fork); a failure to start one is a SandboxError
