@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -357,3 +358,33 @@ def test_prorl_server_runs_a_multi_turn_job_against_it(start_sim, start_server):
     assert len(traj["response_ids"]) == len(traj["response_mask"]) == len(traj["response_logprobs"])
     # each turn's prompt extends the last: later turns hit the prefix cache
     assert sim.metrics()["vllm:prefix_cache_hits_total"] > 0
+
+
+def test_keep_pause_freezes_the_steps_and_labels_each_token(start_sim):
+    sim = start_sim(time_scale=1.0)
+    assert sim.http.post("/update_weight_version", json={"new_version": "1"}).json()["success"] is True
+    body = {"prompt": [5] * 10, "max_tokens": 200, "ignore_eos": True, "return_token_ids": True}
+    answers: list[dict[str, Any]] = []
+
+    def complete() -> None:  # its own connection: the test's client is used meanwhile
+        answers.append(httpx.post(f"{sim.url}/v1/completions", json=body, timeout=60, trust_env=False).json())
+
+    client = threading.Thread(target=complete)
+    client.start()
+    wait_for(lambda: sim.server.engine.decoded_in_flight >= 5, 10, "some tokens decoded")
+    assert sim.http.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+    assert sim.http.get("/is_paused").json() == {"is_paused": True}
+    frozen = sim.server.engine.decoded_in_flight
+    time.sleep(0.3)  # 15 steps' worth at batch 1
+    assert sim.server.engine.decoded_in_flight == frozen
+    sim.http.post("/update_weight_version", json={"new_version": "2"})
+    assert sim.http.post("/resume").json() == {"status": "resumed"}
+    client.join(30)
+    (choice,) = answers[0]["choices"]
+    assert len(choice["token_ids"]) == 200
+    assert choice["weight_versions"] == [
+        {"version": "1", "start": 0, "end": frozen},
+        {"version": "2", "start": frozen, "end": 200},
+    ]
+    refused = sim.http.post("/pause", params={"mode": "abort"})
+    assert refused.status_code == 400 and "mode=keep only" in refused.json()["error"]["message"]

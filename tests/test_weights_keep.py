@@ -120,7 +120,8 @@ def test_keep_drops_a_turn_resumed_past_max_staleness(start_server, dev_engine):
     pause_keep_update_resume(server, hold_s=0.2)
     res = result(server, "strict", timeout=120)
     assert res["status"] == "stale", res
-    assert "resumed under it after a keep pause" in res["error"]["message"]
+    assert "that a keep pause resumed turn 1 under" in res["error"]["message"]
+    assert "turn 1 was dropped" in res["error"]["message"]
     assert res["trajectory"]["turns"] == []
 
 
@@ -166,3 +167,74 @@ def test_gate_keeps_calls_out_of_the_drain_and_records_the_versions():
         gate.resume()
 
     asyncio.run(scenario())
+
+
+def test_a_keep_pause_ended_by_its_lease_resumes_the_engine(start_server, dev_engine):
+    dev_engine.wait_idle()
+    server = versioned_server(start_server, dev_engine.address)
+    submit_one_turn(server, "leased", max_tokens=200)
+    wait_for(lambda: dev_engine.running() == 1, 60, "the engine generating the turn")
+    paused = server.http.post("/weights/pause", json={"mode": "keep", "lease_s": 1})
+    assert paused.status_code == 200 and paused.json()["kept"] == 1
+    assert httpx.get(f"{dev_engine.url}/is_paused", timeout=10, trust_env=False).json() == {"is_paused": True}
+    wait_for(lambda: server.http.get("/weights").json()["lease_expired"] == 1, 10, "the lease ran out")
+    assert httpx.get(f"{dev_engine.url}/is_paused", timeout=10, trust_env=False).json() == {"is_paused": False}
+    res = result(server, "leased", timeout=120)
+    assert res["status"] == "completed" and len(res["trajectory"]["turns"][0]["output_ids"]) == 200
+    assert res["trajectory"]["turns"][0]["resumed_under"] == []  # no update came
+
+
+def test_keep_swap_and_a_refusing_engine_beside_a_keeping_one(start_server, dev_engine, backend):
+    dev_engine.wait_idle()
+    server = versioned_server(start_server, dev_engine.address)
+    submit_one_turn(server, "swapped", max_tokens=200)
+    wait_for(lambda: dev_engine.running() == 1, 60, "the engine generating the turn")
+    swapped = server.http.post("/weights/swap", json={"version": 2, "mode": "keep"})
+    assert swapped.status_code == 200, swapped.text
+    assert (swapped.json()["kept"], swapped.json()["paused"], swapped.json()["version"]) == (1, False, 2)
+    res = result(server, "swapped", timeout=120)
+    turn = res["trajectory"]["turns"][0]
+    assert (turn["weight_version"], turn["resumed_under"], len(turn["output_ids"])) == (1, [2], 200)
+    assert [s["version"] for s in turn["weight_spans"]] in ([1, 2], [2])  # the swap may come before any token
+
+    # one engine cannot keep: the pause is refused naming it alone, and the other one is resumed
+    assert server.http.post("/add_llm_server", json={"address": backend.address, "weight_version": 2}).is_success
+    refused = server.http.post("/weights/pause", json={"mode": "keep"})
+    assert refused.status_code == 409 and backend.address in refused.json()["detail"]
+    assert dev_engine.address not in refused.json()["detail"] and "1 of 2" in refused.json()["detail"]
+    assert httpx.get(f"{dev_engine.url}/is_paused", timeout=10, trust_env=False).json() == {"is_paused": False}
+    assert server.http.get("/weights").json()["paused"] is False
+
+
+def test_vllm_reloads_a_checkpoint_while_it_keeps_a_completion(start_server, vllm):
+    server = versioned_server(start_server, vllm.address)
+    submit_one_turn(server, "reloaded", max_tokens=400)
+    wait_for(lambda: vllm.metrics()["vllm:num_requests_running"] == 1, 120, "vLLM generating the turn")
+    time.sleep(0.5)
+    paused = server.http.post("/weights/pause", json={"mode": "keep"})
+    assert paused.status_code == 200 and paused.json()["kept"] == 1
+    update = {"version": 2, "reload": {"path": vllm.model_dir, "timeout_s": 300}}
+    updated = server.http.post("/weights/update", json=update, timeout=400)
+    assert updated.status_code == 200, updated.text  # no prefix-cache reset while the request holds blocks
+    assert server.http.post("/weights/resume").status_code == 200
+    res = result(server, "reloaded", timeout=300)
+    assert res["status"] == "completed", res
+    (turn,) = res["trajectory"]["turns"]
+    assert (turn["weight_version"], turn["resumed_under"], len(turn["output_ids"])) == (1, [2], 400)
+    assert vllm.complete("The capital of France is")  # the engine serves on
+
+
+def test_a_freeze_stops_the_calls_stall_clock_and_its_jobs_budget(start_server, dev_engine):
+    dev_engine.wait_idle()
+    server = versioned_server(start_server, dev_engine.address, llm_stall_timeout_s=8.0)
+    submit_one_turn(server, "held", max_tokens=60, timeout=9)
+    wait_for(lambda: dev_engine.running() == 1, 60, "the engine generating the turn")
+    before = len(dev_engine.generations())
+    pause_keep_update_resume(server, hold_s=10.0)  # longer than the stall timeout and the job's budget
+    res = result(server, "held", timeout=120)
+    assert res["status"] == "completed", res  # neither stalled nor timed out
+    (turn,) = res["trajectory"]["turns"]
+    assert turn["resumed_under"] == [2] and len(turn["output_ids"]) == 60
+    assert len(dev_engine.generations()) == before + 1  # not resent
+    assert res["timing"]["weight_pause_s"] >= 10.0
+    assert turn["llm_s"] < res["timing"]["weight_pause_s"]  # the freeze is pause time, not LLM time

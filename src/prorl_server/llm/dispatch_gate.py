@@ -7,6 +7,8 @@ stage pool has its own) until `resume`. A pause in "wait" mode lets calls alread
 `Ticket.run` raises DispatchAborted, which tells the session to send the call again after the resume. In
 "keep" mode the calls in flight are marked kept: their engines have frozen them (`llm/engine_freeze.py`),
 they stay open and go on after the resume, and each records the versions set meanwhile (`note_version`).
+While frozen, a call's clock (the job's budget timer) is held, and so is every timeout registered with
+`frozen_with_the_call` inside it (the client's stall timeout): a freeze counts as a pause, not as LLM time.
 `wait_idle` returns once no call is in flight (kept ones aside), which is when the engines may be updated.
 
 Thread-safe: state is kept under a threading lock, and waiters on other loops are woken with
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, TypeVar
 
@@ -49,6 +52,24 @@ class DispatchAborted(Exception):
     """The call was aborted by a weight-update pause; send it again once the gate is open."""
 
 
+_RUNNING: contextvars.ContextVar[Ticket | None] = contextvars.ContextVar("prorl_dispatch_ticket", default=None)
+
+
+@contextlib.contextmanager
+def frozen_with_the_call(timeout: asyncio.Timeout) -> Iterator[None]:
+    """Within a call run by `Ticket.run`, stop `timeout` while a keep pause freezes the call, and push its
+    deadline back by the time frozen after the resume; outside one, nothing."""
+    ticket = _RUNNING.get()
+    if ticket is None:
+        yield
+        return
+    ticket._watch(timeout)
+    try:
+        yield
+    finally:
+        ticket._unwatch(timeout)
+
+
 @dataclass(eq=False)
 class Ticket:
     """One call admitted through the gate; `waited_s` is how long it was held back by a pause, `resumed_under`
@@ -56,11 +77,15 @@ class Ticket:
 
     gate: DispatchGate
     waited_s: float
+    clock: PauseClock | None = None
     aborted: bool = False
     kept: bool = False
     resumed_under: list[str | int] = field(default_factory=list)
+    frozen_s: float = 0.0  # seconds a keep pause held it frozen (ended freezes)
     loop: asyncio.AbstractEventLoop | None = None
     task: asyncio.Future | None = field(default=None, repr=False)
+    _frozen_at: float | None = field(default=None, repr=False)
+    _timeouts: dict[asyncio.Timeout, float | None] = field(default_factory=dict, repr=False)  # -> deadline
 
     def resumed(self) -> list[str | int]:
         """The versions set while a keep pause held this call frozen, in order (a copy)."""
@@ -70,7 +95,11 @@ class Ticket:
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable` as a child task the gate can abort; raises DispatchAborted when it did."""
         loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(awaitable)
+        token = _RUNNING.set(self)
+        try:
+            task = asyncio.ensure_future(awaitable)  # the task runs with `self` as its ticket
+        finally:
+            _RUNNING.reset(token)
         with self.gate._lock:
             self.loop, self.task = loop, task
             aborted_already = self.aborted
@@ -86,6 +115,57 @@ class Ticket:
         finally:
             with self.gate._lock:
                 self.task = None
+
+    # a keep pause's freeze (under the gate's lock; timeouts on the ticket's loop) ----------------------
+
+    def _freeze_locked(self) -> None:
+        self.kept, self._frozen_at = True, time.monotonic()
+        if self.clock is not None:
+            self.clock.hold()
+        self._on_loop(self._stop_timeouts)
+
+    def _thaw_locked(self) -> None:
+        if not self.kept:
+            return
+        assert self._frozen_at is not None
+        frozen = time.monotonic() - self._frozen_at
+        self.kept, self._frozen_at = False, None
+        self.frozen_s += frozen
+        if self.clock is not None:
+            self.clock.release()
+        self._on_loop(self._restart_timeouts, frozen)
+
+    def _on_loop(self, fn: object, *args: object) -> None:
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
+                self.loop.call_soon_threadsafe(fn, *args)  # type: ignore[arg-type]
+
+    def _watch(self, timeout: asyncio.Timeout) -> None:
+        with self.gate._lock:
+            self._timeouts[timeout] = timeout.when()
+            if self.kept:
+                timeout.reschedule(None)
+
+    def _unwatch(self, timeout: asyncio.Timeout) -> None:
+        with self.gate._lock:
+            self._timeouts.pop(timeout, None)
+
+    def _stop_timeouts(self) -> None:
+        with self.gate._lock:
+            if not self.kept:
+                return
+            for timeout in self._timeouts:
+                if not timeout.expired():
+                    self._timeouts[timeout] = timeout.when()
+                    timeout.reschedule(None)
+
+    def _restart_timeouts(self, frozen_s: float) -> None:
+        with self.gate._lock:
+            if self.kept:
+                return
+            for timeout, deadline in self._timeouts.items():
+                if deadline is not None and timeout.when() is None and not timeout.expired():
+                    timeout.reschedule(deadline + frozen_s)
 
 
 class DispatchGate:
@@ -145,7 +225,7 @@ class DispatchGate:
             while True:
                 with self._lock:
                     if not self._paused:
-                        ticket = Ticket(self, waited_s=time.monotonic() - started)
+                        ticket = Ticket(self, waited_s=time.monotonic() - started, clock=clock)
                         self._in_flight.add(ticket)
                         return ticket
                     future: asyncio.Future[None] = loop.create_future()
@@ -165,6 +245,7 @@ class DispatchGate:
     def exit(self, ticket: Ticket) -> None:
         """The call is over (any outcome)."""
         with self._lock:
+            ticket._thaw_locked()
             self._in_flight.discard(ticket)
             if self._running_locked():
                 return
@@ -187,7 +268,7 @@ class DispatchGate:
             if mode == "keep":
                 fresh = [t for t in self._in_flight if not t.kept and not t.aborted]
                 for ticket in fresh:
-                    ticket.kept = True
+                    ticket._freeze_locked()
                 return Paused(0, 0, len(fresh))
             return Paused(0, sum(self._abort_locked(ticket) for ticket in list(self._in_flight)), 0)
 
@@ -208,7 +289,8 @@ class DispatchGate:
     def _abort_locked(self, ticket: Ticket) -> bool:
         if ticket.aborted:
             return False
-        ticket.aborted, ticket.kept = True, False
+        ticket._thaw_locked()
+        ticket.aborted = True
         if ticket.task is not None and ticket.loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
                 ticket.loop.call_soon_threadsafe(ticket.task.cancel)
@@ -221,7 +303,7 @@ class DispatchGate:
                 return False
             self._paused, self._mode = False, None
             for ticket in self._in_flight:
-                ticket.kept = False
+                ticket._thaw_locked()
             waiters, self._waiters = self._waiters, []
         _wake(waiters)
         return True

@@ -403,15 +403,15 @@ class LLMSession:
             return
         distance, old, whose = worst
         n = len(self.trajectory.turns)
-        what = (
-            f"turn {n + 1} was dropped, resumed under it after a keep pause"
-            if kept
-            else f"turn {n + 1} was not sampled"
-        )
+        if kept:
+            newest = f"version {version!r} that a keep pause resumed turn {n + 1} under"
+            what = f"turn {n + 1} was dropped"
+        else:
+            newest = f"version {version!r} that its next turn would be sampled under"
+            what = f"turn {n + 1} was not sampled"
         self.stale = (
-            f"{whose} was sampled under weight version {old!r}, {distance} version(s) behind "
-            f"version {version!r} that its next turn would be sampled under; max_staleness is {self.max_staleness} "
-            f"({what}; the {n} before are kept)"
+            f"{whose} was sampled under weight version {old!r}, {distance} version(s) behind {newest}; "
+            f"max_staleness is {self.max_staleness} ({what}; the {n} before are kept)"
         )
         raise StaleRollout(self.stale)
 
@@ -512,6 +512,7 @@ class LLMSession:
                         result = await ticket.run(self._attempt(backend, call, backoff, priority, clock))
                         if clock is not None:
                             clock.resumed_under = ticket.resumed()
+                            clock.pause_s += ticket.frozen_s
                     except DispatchAborted:
                         self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
                         continue

@@ -22,6 +22,7 @@ import httpx
 from pydantic_core import to_json
 
 from prorl_server.llm import response_limits as limits
+from prorl_server.llm.dispatch_gate import frozen_with_the_call
 from prorl_server.llm.errors import (
     BackendProtocolError,
     BackendRequestError,
@@ -132,7 +133,8 @@ class VLLMClient:
         stall = asyncio.timeout(timeout_s)
         try:
             async with stall:
-                return await exchange(method, url, content, limit, headers)
+                with frozen_with_the_call(stall):  # a keep pause stops the stall clock of a frozen call
+                    return await exchange(method, url, content, limit, headers)
         except TimeoutError as exc:
             if stall.expired():
                 raise BackendStalled(
