@@ -105,6 +105,32 @@ def test_a_handler_that_does_not_opt_in_initialises_every_member(start_server, b
     assert all(r["artifacts"]["seen"] == ["init", r["job_id"]] for r in results)
 
 
+@needs_forking_bwrap
+def test_a_member_whose_snapshot_is_gone_is_refilled_and_the_group_initialises_again(start_server, backend):
+    handler = ForkingHandler()
+    server = start_server([backend.address], handlers={"forking": handler}, runtime="bwrap")
+    manager = server.state.orchestrator.sandboxes
+    fork, removed = manager.fork, []
+
+    async def first_snapshot_gone(snapshot):  # fault injection: the first fork finds its snapshot deleted
+        if not removed:
+            removed.append(snapshot.id)
+            snapshot.remove()
+        return await fork(snapshot)
+
+    manager.fork = first_snapshot_gone
+    body = {"instance": {"data_source": "forking"}, "n": 3, "group_id": "gone"}
+    group = server.http.post("/groups", json=body).json()
+    assert group["status"] == "completed" and group["usable"] == 3, group
+    refills = group["refills"]  # the members forking that snapshot meanwhile failed the same way
+    assert refills and all(refill["reason"] == "SandboxError" for refill in refills)
+    for refill in refills:
+        failed = server.http.get(f"/jobs/{refill['replaced_job_id']}").json()["result"]
+        assert f"snapshot {removed[0]} is gone" in failed["error"]["message"]
+    assert handler.inits == 2  # the next member to reach INIT initialised again; the others forked that
+    assert snapshots(manager.owner) == [] and manager.live == 0
+
+
 def test_on_a_runtime_that_cannot_fork_every_member_initialises(start_server, backend):
     handler = ForkingHandler()
     server = start_server([backend.address], handlers={"forking": handler}, runtime="local")
