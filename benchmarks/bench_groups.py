@@ -6,7 +6,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_groups.py [--json out.json] [--arms today-abort,refill,keep]
         [--steps 3] [--groups 16] [--group-size 8] [--failure-rate 0.05] [--seed 0] [--time-scale 20]
-        [--sandbox-runtime bwrap] [--sandbox-group-size 8] [--sandbox-packages 16] [--no-sandbox-part]
+        [--sandbox-group-size 8] [--sandbox-packages 16] [--no-sandbox-part]
 
 About three and a half minutes on 2 cores with the defaults (the sandbox part about 30 s). Each arm (a row of the tables) gets a fresh prorl-server (in
 this process) over a fresh simulator (SimLLMServer: `--max-num-seqs` 128, the default latency profile, output
@@ -54,10 +54,10 @@ Figures per arm, per step (means over the steps):
 
 The sandbox part (`fork_init.py`, skipped with `--no-sandbox-part`) runs one group of `--sandbox-group-size`
 members whose INIT checks a repository out and installs `--sandbox-packages` wheels with pip, in real
-`--sandbox-runtime` sandboxes, each member running its own INIT (`today`) and forking one INIT (`fork`), next
+bubblewrap sandboxes, each member running its own INIT (`today`) and forking one INIT (`fork`), next
 to one member's INIT alone; fork_init.py's docstring defines its figures (the group's INIT wall seconds and
 their ratio to the one member's, INITs run, INIT and sandbox-seconds). It needs a runtime that forks
-(bubblewrap under a server running as root, or Apptainer); elsewhere it ends with the reason (exit code 1:
+(bubblewrap forks under a server running as root); elsewhere it ends with the reason (exit code 1:
 a part could not run), so pass `--no-sandbox-part` there.
 
 Targets (issue 25): a 5% infrastructure failure rate costs <= 5% of groups with refills (today about a
@@ -447,7 +447,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=positive_int, default=128)
     parser.add_argument("--time-scale", type=float, default=20.0, help="simulated seconds per wall second")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sandbox-runtime", default="bwrap", help="of the sandbox part: bwrap or apptainer")
     parser.add_argument("--sandbox-group-size", type=positive_int, default=8, help="members of its group")
     parser.add_argument("--sandbox-packages", type=positive_int, default=16, help="wheels its INIT installs")
     parser.add_argument("--sandbox-modules", type=positive_int, default=40, help="modules per wheel")
@@ -478,7 +477,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sandbox part: INIT of a group of {args.sandbox_group_size}, today and forked ...", flush=True)
         try:
             part = run_init_part(
-                args.sandbox_runtime,
                 args.sandbox_group_size,
                 args.sandbox_files,
                 args.sandbox_packages,

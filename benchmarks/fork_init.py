@@ -4,9 +4,10 @@ its own INIT (today) against INIT once and a copy-on-write fork per member (`for
 The INIT (`INSTALL`): copy a repository of `files` source files into the working directory and commit it
 with git, then `pip install` `packages` pure-Python wheels of `modules` modules each (made here, installed
 with `--no-index` from a read-only bind, compiled to bytecode as pip does) into the working directory. RUN
-imports two of the installed packages and counts the checkout's changes (none), so a fork that lost INIT's
-files fails. The server runs in this process with the sandbox runtime given (the default spec, host system
-read-only, for bubblewrap) and the simulator as its LLM backend (no member calls it).
+imports two of the installed packages and checks the checkout has no changes, so a fork that lost INIT's
+files fails. The server runs in this process with the bubblewrap runtime (the host's system directories
+read-only, the source directory bound read-only at /src) and the simulator as its LLM backend (no member
+calls it).
 
 Figures per arm (`today`, `fork`), for one group of `group_size` members posted at once, next to the INIT of
 one member alone (a job through `POST /process`, the baseline):
@@ -215,7 +216,7 @@ async def _measure(url: str, state: ServerState, handlers: dict[str, SweInitHand
     return {"one_member_init_s": one, "arms": arms}
 
 
-def run_init_part(runtime: str, size: int, files: int, packages: int, modules: int) -> dict[str, Any]:
+def run_init_part(size: int, files: int, packages: int, modules: int, runtime: str = "bwrap") -> dict[str, Any]:
     """The sandbox part (see the module docstring): {"runtime", "group_size", "one_member_init_s", "arms"}.
     RuntimeError when the runtime cannot fork (the comparison would be today against today)."""
     source = make_source(files, packages, modules)
