@@ -125,13 +125,21 @@ class SlowForkingHandler(AgentHandler):
         return 1.0
 
 
-@needs_bwrap
-@pytest.mark.parametrize("isolated", ["bwrap"], indirect=True)
+FORKING = [
+    pytest.param(
+        name, marks=pytest.mark.skipif(unavailable_reason(name) is not None, reason=f"{unavailable_reason(name)}")
+    )
+    for name in ("bwrap", "apptainer")
+]
+
+
+@pytest.mark.parametrize("isolated", FORKING, indirect=True)
 def test_a_forking_group_cancelled_while_it_initialises_or_forks_leaves_nothing(start_server, backend, isolated):
     if isolated.runtime.fork_unavailable() is not None:
         pytest.skip(isolated.runtime.fork_unavailable())
     server = start_server([backend.address], handlers={"slow_fork": SlowForkingHandler()}, init_workers=4)
-    manager = SandboxManager(make_runtime("bwrap", isolated.owner, prewarm=0), isolated.owner, isolated.spec())
+    runtime = isolated.remake(**({"prewarm": 0} if isolated.name == "bwrap" else {}))  # no waiting launchers
+    manager = SandboxManager(runtime, isolated.owner, isolated.spec())
     server.state.orchestrator.sandboxes = manager
     delays = [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 3.0]  # during INIT, the snapshot, the forks, RUN
     for i, delay in enumerate(delays):
