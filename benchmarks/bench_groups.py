@@ -1,12 +1,14 @@
 """Benchmark: what GRPO groups waste per training step (INIT seconds, sandbox-seconds, decoded tokens), today
-against refilling failed members and keeping in-flight work across weight updates, on the simulator.
+against refilling failed members, keeping in-flight work across weight updates and initialising once per group
+(forking the members), on the simulator; and the INIT of one group on real sandboxes, today against forking.
 
 Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_groups.py [--json out.json] [--arms today-abort,refill,keep]
         [--steps 3] [--groups 16] [--group-size 8] [--failure-rate 0.05] [--seed 0] [--time-scale 20]
+        [--sandbox-group-size 8] [--sandbox-packages 16] [--no-sandbox-part]
 
-About 1.5 minutes on 2 cores with the defaults. Each arm (a row of the tables) gets a fresh prorl-server (in
+About three and a half minutes on 2 cores with the defaults (the sandbox part about 30 s). Each arm (a row of the tables) gets a fresh prorl-server (in
 this process) over a fresh simulator (SimLLMServer: `--max-num-seqs` 128, the default latency profile, output
 lengths lognormal around 256 tokens, `--time-scale` simulated seconds per wall second), and runs `--steps`
 training steps. A step posts `--groups` groups of `--group-size` members at once (`POST /groups?wait=false`)
@@ -27,13 +29,20 @@ and the factory of its member handler, `GroupBenchHandler.from_args` unless it b
 - `today-wait`: no refill, the update waits for the calls in flight (nothing discarded, the trainer waits);
 - `refill`: failed members refilled (the server's defaults), update mode abort;
 - `keep`: no refill, update mode keep (the simulator freezes the calls in flight, resumed after the update);
-- `refill+keep`: both.
+- `refill+keep`: both;
+- `fork`: no refill, update mode abort, the member handler has `fork_after_init` (`ForkingGroupBenchHandler`):
+  the group's first member runs INIT and the others start from a copy of what it left (its simulated INIT
+  starts no sandbox, so here a fork costs nothing; the sandbox part below measures what one costs). A
+  member that did not run INIT draws its infrastructure failure when its RUN starts (a fork that could not
+  start), so every arm fails the same members;
+- `all`: fork, refill and keep together.
 
 Figures per arm, per step (means over the steps):
 
-- `init_s`: INIT seconds of every member launched (failed ones and refills included);
-- `sandbox_s`: sandbox-seconds, INIT + RUN + EVAL seconds of every member launched (each holds its sandbox
-  for all three);
+- `init_s`: INIT seconds the handler's INIT ran, summed over every member launched (failed ones and refills
+  included; a forked member runs none);
+- `sandbox_s`: sandbox-seconds, those INIT seconds plus the RUN and EVAL seconds of every member launched
+  (each holds its sandbox from its INIT, or its fork, to the end of EVAL);
 - `groups_lost`: groups that ended with fewer than `--group-size` usable members (a GRPO trainer drops them);
 - `tokens_discarded`: tokens the engine decoded that no member's trajectory carries (calls aborted by the
   update), and `tokens_in_lost_groups`: model tokens of the members of lost groups; `tokens_wasted` is both;
@@ -43,9 +52,17 @@ Figures per arm, per step (means over the steps):
   time that takes (server, simulator and client share this process) counts `--time-scale` times over;
 - `update_wait_s`: how long the pause took to answer (the trainer waits for it before it can update).
 
+The sandbox part (`fork_init.py`, skipped with `--no-sandbox-part`) runs one group of `--sandbox-group-size`
+members whose INIT checks a repository out and installs `--sandbox-packages` wheels with pip, in real
+bubblewrap sandboxes, each member running its own INIT (`today`) and forking one INIT (`fork`), next
+to one member's INIT alone; fork_init.py's docstring defines its figures (the group's INIT wall seconds and
+their ratio to the one member's, INITs run, INIT and sandbox-seconds). It needs a runtime that forks
+(bubblewrap forks under a server running as root); elsewhere it ends with the reason (exit code 1:
+a part could not run), so pass `--no-sandbox-part` there.
+
 Targets (issue 25): a 5% infrastructure failure rate costs <= 5% of groups with refills (today about a
-third: 1 - 0.95^8); tokens discarded per weight update <= 1% of in-flight tokens with keep. The exit code
-is 0 whatever the figures.
+third: 1 - 0.95^8); tokens discarded per weight update <= 1% of in-flight tokens with keep; the INIT of a
+group of 8 <= 1.5x one member's with fork. The exit code is 0 whatever the figures.
 
 JSON output (`--json PATH`)::
 
@@ -56,6 +73,8 @@ JSON output (`--json PATH`)::
                  "members_launched", "refills", "tokens_decoded", "tokens_discarded", "tokens_in_lost_groups",
                  "tokens_wasted", "in_flight_tokens", "discarded_pct", "update_wait_s", "step_s"}],
                  "mean": {the same keys, averaged over the steps}}},
+      "sandbox_init": {"runtime", "group_size", "one_member_init_s", "arms": {"today"|"fork": {"group_init_s",
+                       "ratio", "inits", "init_work_s", "init_stage_s", "sandbox_s"}}},
       "checks": [{"metric", "value", "baseline", "target", "pass"}],
       "elapsed_s": float
     }
@@ -68,6 +87,7 @@ import asyncio
 import hashlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,6 +98,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import check, finish, positive_int, print_checks, report_header
+from fork_init import run_init_part
 
 from prorl_server.api.app import create_app
 from prorl_server.api.state import ServerState
@@ -117,6 +138,8 @@ class GroupBenchHandler(AgentHandler):
         self.seed = seed
         self.turns = turns
         self.time_scale = time_scale
+        self.init_work_s = 0.0  # wall seconds its INITs ran, in all
+        self._lock = threading.Lock()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GroupBenchHandler:
@@ -135,7 +158,13 @@ class GroupBenchHandler(AgentHandler):
         return int.from_bytes(digest[:8], "big") / 2**64 < self.failure_rate
 
     async def init(self, ctx: JobContext) -> None:
-        await asyncio.sleep(self.init_s / self.time_scale)
+        started = time.monotonic()
+        try:
+            await asyncio.sleep(self.init_s / self.time_scale)
+        finally:
+            with self._lock:
+                self.init_work_s += time.monotonic() - started
+        ctx.state["initialised_by"] = ctx.job_id
         if self.fails(ctx.job_id):
             raise SandboxError("simulated infrastructure failure: the member's sandbox could not start")
 
@@ -150,6 +179,18 @@ class GroupBenchHandler(AgentHandler):
         return 1.0
 
 
+class ForkingGroupBenchHandler(GroupBenchHandler):
+    """The same member with `fork_after_init`: INIT once per group; a member that did not run it draws its
+    failure as its RUN starts (its fork could not start), a SandboxError as the failed INIT's."""
+
+    fork_after_init = True
+
+    async def run(self, ctx: JobContext) -> None:
+        if ctx.state.get("initialised_by") != ctx.job_id and self.fails(ctx.job_id):
+            raise SandboxError("simulated infrastructure failure: the member's fork could not start")
+        await super().run(ctx)
+
+
 @dataclass(frozen=True)
 class Arm:
     """One configuration (a row): server settings on top of the defaults, the update's pause mode, and the
@@ -159,7 +200,7 @@ class Arm:
     description: str
     settings: dict[str, Any] = field(default_factory=dict)
     pause_mode: str = "abort"
-    handler: Callable[[argparse.Namespace], AgentHandler] = GroupBenchHandler.from_args
+    handler: Callable[[argparse.Namespace], GroupBenchHandler] = GroupBenchHandler.from_args
 
 
 NO_REFILL = {"group_refill_attempts": 0}
@@ -171,6 +212,14 @@ ARMS: dict[str, Arm] = {
         Arm("refill", "failed members refilled; update aborts", {}, "abort"),
         Arm("keep", "no refill; update keeps calls in flight", NO_REFILL, "keep"),
         Arm("refill+keep", "failed members refilled; update keeps", {}, "keep"),
+        Arm(
+            "fork",
+            "INIT once per group, members fork; no refill; update aborts",
+            NO_REFILL,
+            "abort",
+            ForkingGroupBenchHandler.from_args,
+        ),
+        Arm("all", "fork, refill and keep together", {}, "keep", ForkingGroupBenchHandler.from_args),
     )
 }
 
@@ -182,8 +231,9 @@ class Bench:
         self.arm = arm
         self.args = args
         self.sim = SimLLMServer(time_scale=args.time_scale, max_num_seqs=args.max_num_seqs, seed=args.seed)
+        self.handler = arm.handler(args)
         self.registry = HandlerRegistry()
-        self.registry.register(DATA_SOURCE, arm.handler(args))
+        self.registry.register(DATA_SOURCE, self.handler)
         self.server: UvicornThread | None = None
         self.version = 1
 
@@ -216,6 +266,7 @@ class Bench:
         args, engine = self.args, self.sim.engine
         scale = args.time_scale
         decoded_before = engine.stats.generation_tokens
+        init_before = self.handler.init_work_s
         started = time.monotonic()
         ids = [f"s{index}-g{g}" for g in range(args.groups)]
         for group_id in ids:
@@ -238,9 +289,10 @@ class Bench:
         in_lost = sum(model_tokens(by_job[m["job_id"]]) for g in lost for m in g["members"])
         decoded = engine.stats.generation_tokens - decoded_before
         discarded = max(0, decoded - carried)
+        init_s = (self.handler.init_work_s - init_before) * scale
         return {
-            "init_s": sum(r["timing"]["init_s"] for r in results) * scale,
-            "sandbox_s": sum(stage_s(r) for r in results) * scale,
+            "init_s": init_s,
+            "sandbox_s": init_s + sum(r["timing"]["run_s"] + r["timing"]["eval_s"] for r in results) * scale,
             "groups": len(groups),
             "groups_lost": len(lost),
             "members_launched": len(members),
@@ -286,11 +338,6 @@ def model_tokens(result: dict[str, Any]) -> int:
     return sum(trajectory.get("response_mask") or [])
 
 
-def stage_s(result: dict[str, Any]) -> float:
-    timing = result["timing"]
-    return timing["init_s"] + timing["run_s"] + timing["eval_s"]
-
-
 async def run_arm(arm: Arm, args: argparse.Namespace) -> dict[str, Any]:
     with Bench(arm, args) as bench:
         assert bench.server is not None
@@ -326,7 +373,28 @@ def print_table(arms: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
         print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-def checks(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def print_sandbox_part(part: dict[str, Any]) -> None:
+    print(
+        f"\nINIT of one group of {part['group_size']} on {part['runtime']} sandboxes (wall seconds); one member's "
+        f"INIT alone: {part['one_member_init_s']:.2f} s"
+    )
+    columns = (
+        ("arm", None),
+        ("group INIT s", "group_init_s"),
+        ("x one member", "ratio"),
+        ("INITs run", "inits"),
+        ("INIT work s", "init_work_s"),
+        ("INIT stage s", "init_stage_s"),
+        ("sandbox s", "sandbox_s"),
+    )
+    rows = [[name] + [f"{data[key]:,.2f}" for _, key in columns[1:]] for name, data in part["arms"].items()]
+    widths = [max(len(str(c)) for c in col) for col in zip([c for c, _ in columns], *rows, strict=True)]
+    print("  " + "  ".join(title.rjust(w) for (title, _), w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+def checks(arms: dict[str, dict[str, Any]], part: dict[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
     today = arms.get("today-abort")
     if today is not None:
@@ -343,6 +411,21 @@ def checks(arms: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if name in arms:
             pct = arms[name]["mean"]["discarded_pct"]
             rows.append(check(f"tokens discarded per update, {name}", f"{pct:.2f}%", abort_pct, "<= 1%", pct <= 1))
+    init_today = f"today-abort {today['mean']['init_s']:,.0f} s" if today is not None else "today-abort not run"
+    for name in ("fork", "all"):
+        if name in arms:
+            rows.append(
+                check(f"INIT s per step, {name}", f"{arms[name]['mean']['init_s']:,.0f} s", init_today, "-", None)
+            )
+    if part is not None:
+        today_part, fork = part["arms"]["today"], part["arms"]["fork"]
+        baseline = f"one member {part['one_member_init_s']:.2f} s; today {today_part['ratio']:.2f}x"
+        size = part["group_size"]
+        rows.append(
+            check(
+                f"INIT of a group of {size}, fork", f"{fork['ratio']:.2f}x", baseline, "<= 1.5x", fork["ratio"] <= 1.5
+            )
+        )
     return rows
 
 
@@ -364,6 +447,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=positive_int, default=128)
     parser.add_argument("--time-scale", type=float, default=20.0, help="simulated seconds per wall second")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sandbox-group-size", type=positive_int, default=8, help="members of its group")
+    parser.add_argument("--sandbox-packages", type=positive_int, default=16, help="wheels its INIT installs")
+    parser.add_argument("--sandbox-modules", type=positive_int, default=40, help="modules per wheel")
+    parser.add_argument("--sandbox-files", type=positive_int, default=300, help="files of its repository")
+    parser.add_argument("--no-sandbox-part", action="store_true", help="skip the sandbox part")
     args = parser.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
@@ -384,10 +472,24 @@ def main(argv: list[str] | None = None) -> int:
             arms[name] = asyncio.run(run_arm(ARMS[name], args))
         except (httpx.HTTPError, OSError, RuntimeError) as exc:
             failures[name] = f"{type(exc).__name__}: {exc}"
+    part = None
+    if not args.no_sandbox_part:
+        print(f"sandbox part: INIT of a group of {args.sandbox_group_size}, today and forked ...", flush=True)
+        try:
+            part = run_init_part(
+                args.sandbox_group_size,
+                args.sandbox_files,
+                args.sandbox_packages,
+                args.sandbox_modules,
+            )
+        except (httpx.HTTPError, OSError, RuntimeError) as exc:
+            failures["sandbox part"] = f"{type(exc).__name__}: {exc}"
     print_table(arms, args)
-    rows = checks(arms)
+    if part is not None:
+        print_sandbox_part(part)
+    rows = checks(arms, part)
     print_checks(rows)
-    report.update(arms=arms, checks=rows, elapsed_s=time.monotonic() - started)
+    report.update(arms=arms, sandbox_init=part, checks=rows, elapsed_s=time.monotonic() - started)
     return finish(report, failures, args.json, None)
 
 

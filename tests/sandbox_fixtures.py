@@ -26,7 +26,7 @@ import pytest
 from prorl_server.sandbox import DEFAULT_BASE_DIR, Runtime, Sandbox, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.cgroups import detect, owner_directories
 from prorl_server.sandbox.containers import find_podman, owner_containers, used
-from prorl_server.sandbox.reaper import reap, remove_owner_files, tagged_processes
+from prorl_server.sandbox.reaper import MEMORY_SNAPSHOT_DIR, reap, remove_owner_files, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
 
@@ -77,15 +77,20 @@ ALL = [_param(name) for name in CASES]
 
 
 def owner_leftovers(owner: str, ids: set[str] | None = None) -> dict[str, list[Any]]:
-    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories, cgroups,
-    podman containers."""
-    mine = (lambda name: name.startswith("sbx-")) if ids is None else ids.__contains__
+    """What an owner (or only its sandboxes `ids`) still has here: tagged processes, private directories (snapshots
+    too), cgroups, podman containers."""
+    mine = (lambda name: name.startswith(("sbx-", "snap-"))) if ids is None else ids.__contains__
     processes = [p for p in tagged_processes() if p.owner == owner and (ids is None or p.sandbox_id in ids)]
-    owner_dir = DEFAULT_BASE_DIR / owner
-    directories = [p for p in owner_dir.iterdir() if mine(p.name)] if owner_dir.exists() else []
+    directories = [
+        p
+        for root in (DEFAULT_BASE_DIR, MEMORY_SNAPSHOT_DIR)
+        if (root / owner).exists()
+        for p in (root / owner).iterdir()
+    ]
+    directories = [p for p in directories if mine(p.name)]
     roots = owner_directories(detect(warn=False, cpuset=True)).get(owner, [])
     cgroups = [d for root in roots for d in root.iterdir() if d.is_dir() and mine(d.name)]
-    podman = owner_containers(owner) if used(owner_dir) else []
+    podman = owner_containers(owner) if used(DEFAULT_BASE_DIR / owner) else []
     containers = [n for n in podman if ids is None or n.removeprefix("prorl-") in ids]
     found = {"processes": processes, "directories": directories, "cgroups": cgroups, "containers": containers}
     return {k: v for k, v in found.items() if v}

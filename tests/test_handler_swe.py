@@ -211,6 +211,29 @@ def test_the_diff_is_taken_without_submit_and_edited_test_files_are_reset(start_
     assert result["reward"] == 1.0, result["eval"]  # the test patch applied on the reset test file
 
 
+@needs_bwrap
+def test_a_group_checks_out_once_and_each_member_fixes_its_own_fork(start_server, backend):
+    handler = SWEHandler()
+    if handler.fork_after_init and make_runtime("bwrap", new_owner_id()).fork_unavailable() is not None:
+        pytest.skip("bubblewrap forks sandboxes for a server running as root only")
+    checkouts = []
+    init = handler.init
+
+    async def counted_init(ctx):
+        checkouts.append(ctx.job_id)
+        await init(ctx)
+
+    handler.init = counted_init
+    backend.double.push(*CORRECT, *WRONG)  # one RUN at a time: the first member fixes, the second does not
+    server = start_server([backend.address], handlers={"swe": handler}, runtime="bwrap", run_workers=1)
+    group = server.http.post("/groups", json={"instance": TRUNCATE, "n": 2, "group_id": "swe"}).json()
+    assert group["status"] == "completed", group
+    assert len(checkouts) == 1  # INIT once for the group
+    results = [server.http.get(f"/jobs/{m['job_id']}").json()["result"] for m in group["members"]]
+    assert sorted(r["reward"] for r in results) == [0.0, 1.0]  # each scored on its own fork's diff
+    assert {r["artifacts"]["patch"] == TRUNCATE["patch"] for r in results} == {True, False}
+
+
 # the real dev LLM --------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""No sandbox outlives its job: a plain-def handler cancelled or timed out while its sandbox starts.
+"""No sandbox outlives its job: a plain-def handler cancelled or timed out while its sandbox starts, and a
+forking group (`fork_after_init`) cancelled while it initialises, snapshots or forks.
 
 A synchronous handler runs in a worker thread and reaches the stage's loop through `ctx.wait`, apart from
 the stage task the server cancels. Once the job has ended, JobContext cancels the `ctx.wait` calls still
@@ -22,6 +23,7 @@ from prorl_server.protocol import Trajectory
 from prorl_server.sandbox import SandboxManager, make_runtime
 from prorl_server.sandbox.containers import owner_containers
 from prorl_server.sandbox.reaper import tagged_processes
+from prorl_server.sandbox.registry import unavailable_reason
 
 pytest_plugins = ("sandbox_fixtures",)
 
@@ -104,6 +106,53 @@ def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_serve
     # Every worker thread gets out of ctx.wait: the call it was waiting on was cancelled.
     assert wait_until(lambda: handler.running == 0), f"{handler.running} run() calls still blocked"
     assert "returned" not in handler.ended
+
+
+class SlowForkingHandler(AgentHandler):
+    """A forking handler whose INIT leaves 20 MB to snapshot, and whose RUN waits in its fork."""
+
+    name = "slow_fork"
+    fork_after_init = True
+
+    async def init(self, ctx: JobContext) -> None:
+        sandbox = await ctx.start_sandbox()
+        await sandbox.bash("mkdir data && for i in $(seq 200); do head -c 100000 /dev/urandom > data/$i; done", 60)
+
+    async def run(self, ctx: JobContext) -> None:
+        await ctx.sandbox.bash("sleep 600", timeout=600, dop=0)
+
+    def eval(self, ctx: JobContext) -> float:
+        return 1.0
+
+
+FORKING = [
+    pytest.param(
+        name, marks=pytest.mark.skipif(unavailable_reason(name) is not None, reason=f"{unavailable_reason(name)}")
+    )
+    for name in ("bwrap", "apptainer")
+]
+
+
+@pytest.mark.parametrize("isolated", FORKING, indirect=True)
+def test_a_forking_group_cancelled_while_it_initialises_or_forks_leaves_nothing(start_server, backend, isolated):
+    if isolated.runtime.fork_unavailable() is not None:
+        pytest.skip(isolated.runtime.fork_unavailable())
+    server = start_server([backend.address], handlers={"slow_fork": SlowForkingHandler()}, init_workers=4)
+    runtime = isolated.remake(**({"prewarm": 0} if isolated.name == "bwrap" else {}))  # no waiting launchers
+    manager = SandboxManager(runtime, isolated.owner, isolated.spec())
+    server.state.orchestrator.sandboxes = manager
+    delays = [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 3.0]  # during INIT, the snapshot, the forks, RUN
+    for i, delay in enumerate(delays):
+        body = {"instance": {"data_source": "slow_fork"}, "n": 4, "group_id": f"g{i}"}
+        assert server.http.post("/groups?wait=false", json=body).status_code == 202
+        time.sleep(delay)
+        assert server.http.delete(f"/groups/g{i}").is_success
+    assert wait_until(lambda: all(server.http.get(f"/groups/g{i}").json()["status"] != "running" for i in range(11)))
+    assert wait_until(lambda: manager.live == 0), f"{manager.live} sandboxes outlived their group"
+    assert wait_until(lambda: not owner_processes(isolated.owner)), owner_processes(isolated.owner)
+    assert wait_until(lambda: not isolated.leftovers()), isolated.leftovers()  # sandboxes' and snapshots' files
+    with open("/proc/self/mountinfo") as mounts:
+        assert isolated.owner not in mounts.read()  # forks' overlays lived in mount namespaces of their own
 
 
 # --- JobContext after the job ended -------------------------------------------------------------------

@@ -28,6 +28,9 @@ class AgentHandler(ABC):
     agent_config_keys: ClassVar[frozenset[str]] = frozenset()
     instance_model: ClassVar[type[BaseModel] | None] = None
     """A pydantic model every submitted instance must validate against (None: no check)."""
+    fork_after_init: ClassVar[bool] = False
+    """In a group, run INIT once and start every member from a copy-on-write fork of the sandbox it initialised,
+    with a copy of the `ctx.state` and `ctx.artifacts` it left (docs/handlers.md, "Forking after INIT")."""
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         """Check an instance when it is submitted; raise ValueError (or a pydantic ValidationError) naming

@@ -28,6 +28,7 @@ from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:  # the gateway's sessions import the agent loop, which imports this module
     from prorl_server.gateway.sessions import SessionRegistry
+    from prorl_server.sandbox.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,6 +94,8 @@ class JobContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _waits: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)  # ctx.wait in progress
     _late_releases: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _started: list[Sandbox] = field(default_factory=list, repr=False)  # every sandbox the job started, in order
+    _gateway_started: bool = field(default=False, repr=False)  # one of them with gateway=
 
     @property
     def data_source(self) -> str:
@@ -154,7 +157,25 @@ class JobContext:
         manager = self._sandboxes
         if gateway is not None:
             spec = await self._with_gateway(spec or manager.default_spec, gateway)
-        sandbox = await manager.start(spec)
+        sandbox = await self._adopt(await manager.start(spec), manager)
+        if gateway is not None:
+            self._gateway_started = True
+            await start_relay(sandbox)
+        return sandbox
+
+    async def _start_fork(self, snapshot: Snapshot) -> Sandbox:
+        """The server's (pipeline/fork.py): start a fork of `snapshot` as the job's sandbox (`ctx.sandbox`),
+        closed on release like one from `start_sandbox`."""
+        if self._sandboxes is None:
+            raise RuntimeError("this server runs without a sandbox runtime (see --runtime)")
+        if self._finished:
+            raise JobFinished(f"job {self.job_id} has already ended; it cannot start a sandbox")
+        self.sandbox = None
+        return await self._adopt(await self._sandboxes.fork(snapshot), self._sandboxes)
+
+    async def _adopt(self, sandbox: Sandbox, manager: SandboxManager) -> Sandbox:
+        """Make a started sandbox the job's: closed on release, `ctx.sandbox` if it is the first (closed at
+        once, JobFinished, if the job ended meanwhile)."""
 
         def close() -> Awaitable[None]:
             return manager.close(sandbox)
@@ -162,11 +183,16 @@ class JobContext:
         if not self._keep(close):
             await asyncio.shield(self._release_late(close()))  # the close goes on if this call is cancelled
             raise JobFinished(f"job {self.job_id} ended while its sandbox was starting; the sandbox was closed")
+        self._started.append(sandbox)
         if self.sandbox is None:
             self.sandbox = sandbox
-        if gateway is not None:
-            await start_relay(sandbox)
         return sandbox
+
+    def _take_cleanups(self) -> list[ReleaseCallback]:
+        """The server's (pipeline/fork.py): the cleanups registered so far, which the job no longer runs."""
+        with self._lock:
+            taken, self._release_callbacks = self._release_callbacks, []
+        return taken
 
     async def _with_gateway(self, spec: SandboxSpec, gateway: GatewayAccess) -> SandboxSpec:
         """`spec` with a bridge to `gateway`'s session bound in; the bridge is closed on release."""

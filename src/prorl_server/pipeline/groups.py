@@ -14,6 +14,10 @@ cancelled or stopping, that member's chain of refills is under `group_refill_att
 refills under `group_max_refills`; so a refill loop always ends. A refill's bounded staleness also counts
 from the weight versions the group's finished members were sampled under (`Group.sampled_versions`).
 
+Initialise once, fork N: for a handler with `fork_after_init`, on a runtime that forks, the members (refills
+too) share one GroupFork (pipeline/fork.py): INIT runs once and each member starts from a copy-on-write fork
+of the sandbox it initialised; the group's snapshots are removed when the group ends (`GroupFork.aclose`).
+
 Finished groups are kept for the server's result retention (`result_retention_s`, counted from when the
 group finished) and at most `MAX_FINISHED_GROUPS` of them (the oldest go first); running groups are always
 kept.
@@ -32,7 +36,9 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
+from prorl_server.handlers.registry import HandlerLoadError, UnknownDataSource
 from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
+from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.redundancy import LengthHistory
@@ -136,12 +142,14 @@ class Group:
         digest: str,
         jobs: list[Job | FinishedJob],
         tail_pruned: bool = False,
+        fork: GroupFork | None = None,
     ) -> None:
         self.id = group_id
         self.request = request
         self.digest = digest
         self.jobs = jobs
         self.tail_pruned = tail_pruned
+        self.fork = fork  # the members' shared INIT (None: each member runs its own)
         self.slots = list(range(len(jobs)))  # per member, the index of the launched member it stands for
         self.refills: list[GroupRefill] = []
         self.cancelled = False
@@ -286,18 +294,38 @@ class GroupRunner:
             return existing
         check_instance(self.orchestrator.registry, request.instance)  # once for all members
         launch, tail_pruned = self._size(request)
+        fork = self._fork(group_id, request)
         jobs: list[Job | FinishedJob] = []
         try:
             for index in range(launch):
-                jobs.append(self.orchestrator.submit(member_request(request, group_id, index)))
+                jobs.append(self.orchestrator.submit(member_request(request, group_id, index), fork=fork))
         except SubmissionError:
             for job in jobs:
                 self.orchestrator.cancel(job.id, f"group {group_id!r} could not be started")
             raise
-        group = Group(group_id, request, digest, jobs, tail_pruned)
+        group = Group(group_id, request, digest, jobs, tail_pruned, fork)
         self._running[group_id] = group
         group.task = asyncio.get_running_loop().create_task(self._run(group), name=f"prorl-group-{group_id}")
         return group
+
+    def _fork(self, group_id: str, request: GroupRequest) -> GroupFork | None:
+        """The members' shared INIT when the handler asks for it (`fork_after_init`) and the runtime forks;
+        else None (each member runs its own INIT, as it does when the runtime cannot fork: logged)."""
+        manager = self.orchestrator.sandboxes
+        data_source = request.instance.get("data_source")
+        if manager is None or not isinstance(data_source, str):
+            return None  # a missing data_source is refused by `Orchestrator.submit`
+        try:
+            handler = self.orchestrator.registry.get(data_source)
+        except (UnknownDataSource, HandlerLoadError):  # refused by `Orchestrator.submit`
+            return None
+        if not handler.fork_after_init:
+            return None
+        reason = manager.runtime.fork_unavailable()
+        if reason is not None:
+            log.info("group %s: each member runs its own INIT (%s)", group_id, reason)
+            return None
+        return GroupFork(group_id, manager)
 
     def _size(self, request: GroupRequest) -> tuple[int, bool]:
         """Members to launch, and whether the group is tail-pruned (adaptive dual_end at its max_launch)."""
@@ -363,6 +391,8 @@ class GroupRunner:
                 raise
             log.exception("group %s failed", group.id)
         finally:
+            if group.fork is not None:  # every member has ended: the snapshots go
+                await group.fork.aclose()
             group.finished_at = self._clock()
             self._running.pop(group.id, None)
             self._finished[group.id] = group
@@ -383,7 +413,8 @@ class GroupRunner:
         new_index = len(group.jobs)
         replaced = group.jobs[index].id
         try:
-            job = self.orchestrator.submit(member_request(group.request, group.id, new_index), group.sampled_versions())
+            request = member_request(group.request, group.id, new_index)
+            job = self.orchestrator.submit(request, group.sampled_versions(), fork=group.fork)
         except SubmissionError as exc:
             log.warning("group %s: member %s failed (%s) and cannot be refilled: %s", group.id, replaced, reason, exc)
             return None

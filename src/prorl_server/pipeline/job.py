@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 from prorl_server.handlers import JobContext
+from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.handler_calls import HandlerMethods
 from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.timer import PausableTimer
@@ -46,12 +47,14 @@ class Job:
         timer: PausableTimer,
         request_digest: str = "",
         first_stage: Stage = Stage.INIT,
+        fork: GroupFork | None = None,
     ) -> None:
         self.id = job_id
         self.request_digest = request_digest  # what was asked, to recognise the same request sent again
         self.methods = methods
         self.handler = methods.handler
         self.ctx = ctx
+        self.fork = fork  # its group's shared INIT, for a handler with fork_after_init (fork.py)
         self.timer = timer
         self.status = JobStatus.QUEUED
         self.next_stage = first_stage

@@ -38,6 +38,7 @@ from prorl_server.llm import BackendPool, LLMSession
 from prorl_server.llm.judge import JudgePool
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
+from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.handler_calls import (
     HandlerFault,
     HandlerMethod,
@@ -162,12 +163,15 @@ class Orchestrator:
 
     # admission ------------------------------------------------------------------------------------
 
-    def submit(self, request: ProcessRequest, group_versions: tuple[str | int, ...] = ()) -> Job | FinishedJob:
+    def submit(
+        self, request: ProcessRequest, group_versions: tuple[str | int, ...] = (), fork: GroupFork | None = None
+    ) -> Job | FinishedJob:
         """Admit a job and queue it for INIT. Raises a SubmissionError subclass when it cannot.
 
         The same request sent again under the same `job_id` gets the job that has it (live, or finished with
         its result still stored) instead of a second run; a different request under that id is DuplicateJob.
         `group_versions`: for a group's refill, the weight versions its bounded staleness also counts from.
+        `fork`: the group's shared INIT, for a member of a group whose handler forks after INIT (fork.py).
         """
         digest = request_digest(request)
         if request.job_id is not None:
@@ -193,7 +197,7 @@ class Orchestrator:
             raise NotAccepting(
                 f"all {registered} LLM backends are unhealthy (they fail their health checks); see GET /llm_servers"
             )
-        job = self._make_job(request, methods, digest, group_versions)
+        job = self._make_job(request, methods, digest, group_versions, fork)
         with self._lock:
             live = self._live.get(job.id)
             if live is not None:  # admitted meanwhile by a concurrent submission
@@ -227,7 +231,12 @@ class Orchestrator:
         return FinishedJob(result)
 
     def _make_job(
-        self, request: ProcessRequest, methods: HandlerMethods, digest: str, group_versions: tuple[str | int, ...]
+        self,
+        request: ProcessRequest,
+        methods: HandlerMethods,
+        digest: str,
+        group_versions: tuple[str | int, ...],
+        fork: GroupFork | None,
     ) -> Job:
         job_id = request.job_id or uuid.uuid4().hex
         agent_keys = AGENT_CONFIG_KEYS | methods.handler.agent_config_keys
@@ -267,7 +276,7 @@ class Orchestrator:
         )
         # a handler without an INIT of its own skips that stage's queue and thread hop
         first_stage = Stage.INIT if methods.stage(Stage.INIT).overridden else Stage.RUN
-        return Job(job_id, methods, ctx, timer, digest, first_stage)
+        return Job(job_id, methods, ctx, timer, digest, first_stage, fork)
 
     # queries --------------------------------------------------------------------------------------
 
@@ -482,7 +491,11 @@ class Orchestrator:
             self._ready_gate.release()
         job.ctx._loop = asyncio.get_running_loop()
         method = job.methods.stage(stage)
-        task = asyncio.ensure_future(method.call(job.ctx, threads=self.pools[stage].threads))
+        threads = self.pools[stage].threads
+        if stage is Stage.INIT and job.fork is not None:  # INIT once for the group, each member in a fork
+            task = asyncio.ensure_future(job.fork.init(job.ctx, lambda: method.call(job.ctx, threads=threads)))
+        else:
+            task = asyncio.ensure_future(method.call(job.ctx, threads=threads))
         try:
             entered = job.enter_stage(task)
         except BaseException:  # an illegal transition (a bug): the task must not run unseen

@@ -42,7 +42,16 @@ from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, 
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.sandbox.process import sandbox_env, sandbox_user
-from prorl_server.sandbox.process_sandbox import TOOL_PACKAGES, Command, ProcessRuntime, Slot, package_dir, server_args
+from prorl_server.sandbox.process_sandbox import (
+    TOOL_PACKAGES,
+    Command,
+    ProcessRuntime,
+    ProcessSandbox,
+    Slot,
+    package_dir,
+    server_args,
+)
+from prorl_server.sandbox.snapshot import Snapshot
 from prorl_server.sandbox.spec import SandboxSpec
 
 ENV_BINARY = "PRORL_APPTAINER"  # path of the apptainer binary; else `apptainer`, then `singularity` on PATH
@@ -184,11 +193,26 @@ class ApptainerRuntime(ProcessRuntime):
             return path
         return unpack_sif(path, self.cache_dir, self.binary)
 
-    async def start(self, spec: SandboxSpec) -> Sandbox:
+    async def start(self, spec: SandboxSpec, *, fork: Snapshot | None = None) -> Sandbox:
         """Unpack the image on first use (in a thread), then start as every process runtime does."""
         if spec.image is not None:
             await asyncio.to_thread(self.prepare, spec.image)
-        return await super().start(spec)
+        return await super().start(spec, fork=fork)
+
+    def fork_unavailable(self) -> str | None:
+        """None: a fork is apptainer's own stack of overlays (the snapshot read-only below a fresh one)."""
+        return None
+
+    async def capture(self, sandbox: ProcessSandbox, directory: Path) -> tuple[str, ...]:
+        """End the sandbox's processes, then move its overlay (the ext3 image, or the directory) into
+        `directory`: the snapshot's one layer."""
+        await sandbox.stop()
+        for name in ("overlay.img", "overlay"):
+            source = sandbox.slot.directory / name
+            if source.exists():
+                await asyncio.to_thread(source.rename, directory / name)
+                return (name,)
+        raise SandboxError(f"sandbox {sandbox.id} has no overlay left to snapshot")
 
     def _lib(self) -> Path:
         """This owner's copy of the execution-server packages (made on first use; under /tmp so apptainer sees it)."""
@@ -222,8 +246,9 @@ class ApptainerRuntime(ProcessRuntime):
         shutil.rmtree(seed)
         return image
 
-    def apptainer_args(self, spec: SandboxSpec, directory: Path) -> list[str]:
-        """The apptainer command line up to (not including) the command run inside."""
+    def apptainer_args(self, spec: SandboxSpec, directory: Path, fork: Snapshot | None = None) -> list[str]:
+        """The apptainer command line up to (not including) the command run inside; a fork's snapshot is a
+        read-only overlay below its own writable one."""
         if spec.image is None:
             raise SandboxError("the apptainer runtime needs spec.image: a .sif file or a directory image")
         if not os.path.exists(spec.image):
@@ -232,7 +257,13 @@ class ApptainerRuntime(ProcessRuntime):
         if image.is_dir() and not any((image / p).exists() for p in PYTHONS):
             raise SandboxError(f"image {spec.image} has no python3, which runs the execution server; add it")
         args = [self.binary, "exec", "--containall", "--cleanenv", "--no-mount", "tmp,home"]
-        args += ["--pwd", spec.workdir, "--overlay", str(self._overlay(spec, directory))]
+        args += ["--pwd", spec.workdir]
+        if fork is not None:
+            lower = str(fork.layer(0))
+            if any(c in lower for c in ":,"):
+                raise SandboxError(f"apptainer cannot overlay paths with ':' or ',': {lower}")
+            args += ["--overlay", f"{lower}:ro"]
+        args += ["--overlay", str(self._overlay(spec, directory))]
         if spec.network == "none":
             args += ["--net", "--network", "none"]
         if spec.fakeroot and self.run_as is not None:
@@ -275,7 +306,7 @@ class ApptainerRuntime(ProcessRuntime):
     def command(self, spec: SandboxSpec, slot: Slot, address: str | None, landlock_fd: int | None) -> Command:
         """apptainer exec of the rlimit bootstrap that runs the execution server."""
         # HOME through env(1): apptainer refuses to set it from APPTAINERENV_HOME, and --home under --security
-        args = self.apptainer_args(spec, slot.directory)
+        args = self.apptainer_args(spec, slot.directory, slot.fork)
         argv = [*args, "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
         fds = () if landlock_fd is None else (landlock_fd,)
         return Command(argv, self.environment(spec, slot, address, landlock_fd), slot.directory, pass_fds=fds)

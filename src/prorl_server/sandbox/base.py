@@ -12,6 +12,7 @@ from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_server.actions import Grant
+    from prorl_server.sandbox.snapshot import Snapshot
     from prorl_server.tools.client import CommandObservation, ToolClient
 
 
@@ -92,6 +93,20 @@ class Runtime(ABC):
     @abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a sandbox and return once its execution server answers (or raise SandboxError)."""
+
+    def fork_unavailable(self) -> str | None:
+        """None when this runtime can snapshot a sandbox and fork it (`snapshot`, `fork`), else why not."""
+        return f"the {self.name} runtime cannot snapshot and fork sandboxes"
+
+    async def snapshot(self, sandbox: Sandbox) -> Snapshot:
+        """Stop `sandbox` (closing it) and keep its writable state as a snapshot to `fork` from (snapshot.py);
+        SandboxError where this runtime cannot, or the state cannot be kept."""
+        raise SandboxError(self.fork_unavailable() or f"the {self.name} runtime cannot snapshot sandboxes")
+
+    async def fork(self, snapshot: Snapshot) -> Sandbox:
+        """Start a sandbox of the snapshot's spec whose writable state is a private copy-on-write layer over the
+        snapshot; SandboxError where this runtime cannot, or the snapshot is gone or corrupt."""
+        raise SandboxError(self.fork_unavailable() or f"the {self.name} runtime cannot fork sandboxes")
 
     def close(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
         """Release runtime-wide resources (prewarmed launchers, empty cgroups); the runtime stays usable."""

@@ -6,12 +6,13 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prorl_server.sandbox import reaper
 from prorl_server.sandbox.base import Runtime, Sandbox
+from prorl_server.sandbox.snapshot import Snapshot
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -47,9 +48,24 @@ class SandboxManager:
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox (the default spec unless given) and track it."""
+        return await self._track(self.runtime.start(spec or self.default_spec))
+
+    async def fork(self, snapshot: Snapshot) -> Sandbox:
+        """Start a copy-on-write fork of a snapshot (Runtime.fork) and track it."""
+        return await self._track(self.runtime.fork(snapshot))
+
+    async def snapshot(self, sandbox: Sandbox) -> Snapshot:
+        """Snapshot a tracked sandbox (Runtime.snapshot), which closes it, and forget it."""
+        try:
+            return await self.runtime.snapshot(sandbox)
+        finally:
+            with self._lock:
+                self._live.discard(sandbox)
+
+    async def _track(self, starting: Awaitable[Sandbox]) -> Sandbox:
         started = time.monotonic()
         try:
-            sandbox = await self.runtime.start(spec or self.default_spec)
+            sandbox = await starting
         except Exception:  # a cancelled start is no failure
             if self.on_start is not None:
                 self.on_start(None)

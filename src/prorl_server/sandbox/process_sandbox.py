@@ -44,7 +44,8 @@ from prorl_server.sandbox.loopback import LoopbackAllocator
 from prorl_server.sandbox.network_guard import NetworkGuard
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.process import signal_group
-from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, kill_tagged
+from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, MEMORY_SNAPSHOT_DIR, kill_tagged
+from prorl_server.sandbox.snapshot import Snapshot, new_snapshot_dir
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tools.protocol import ENV_SANDBOX_ID, SOCKET_NAME
 
@@ -136,6 +137,7 @@ class Slot:
     listener: socket.socket
     log: StartLog
     listen_fd: int = -1  # the listening socket's descriptor number, the same in the sandbox's top process
+    fork: Snapshot | None = None  # the snapshot this sandbox is a copy-on-write fork of (None: a fresh one)
 
     def __post_init__(self) -> None:
         self.listen_fd = self.listener.fileno()
@@ -378,6 +380,26 @@ class ProcessSandbox(Sandbox):
         log.warning("sandbox %s reached its wall-clock limit of %s s; killed", self.id, self.spec.limits.wall_clock_s)
         self._kill_all()
 
+    def processes(self) -> set[int]:
+        """The sandbox's live processes on the host: its cgroups' members, else its process group's."""
+        return self.slot.cgroup.pids() if self.slot.cgroup.directories else group_members(self.pid)
+
+    async def stop(self) -> None:
+        """End every process of the sandbox (SIGTERM, SIGKILL after the grace period) and keep its files; close()
+        removes them."""
+        await self._terminate()
+        await asyncio.to_thread(self._kill_and_reap)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the sandbox now and reap its top process (blocking; files kept until
+        close())."""
+        self._kill_and_reap()
+
+    def _kill_and_reap(self) -> None:
+        self._kill_all()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=5)
+
     def _kill_all(self) -> None:
         """SIGKILL the group, the cgroup members and (local runtime) every process with this sandbox id."""
         signal_group(self.pid, signal.SIGKILL)
@@ -409,8 +431,7 @@ class ProcessSandbox(Sandbox):
         if self._popen.poll() is not None:
             return
         if self._monitor:
-            members = self.slot.cgroup.pids() if self.slot.cgroup.directories else group_members(self.pid)
-            for pid in members - {self.pid}:
+            for pid in self.processes() - {self.pid}:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGTERM)
         else:
@@ -422,10 +443,14 @@ class ProcessSandbox(Sandbox):
 
     def _cleanup(self) -> None:
         """Blocking part of close(): kill leftovers, reap, remove cgroups and files."""
-        self._kill_all()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._popen.wait(timeout=5)
+        self._kill_and_reap()
         self.slot.discard()
+
+
+def _drop_snapshot(work: asyncio.Future[Snapshot]) -> None:
+    """A snapshot made for a caller that was cancelled meanwhile: remove it (in a thread)."""
+    if not work.cancelled() and work.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, work.result().remove)
 
 
 class ProcessRuntime(Runtime):
@@ -435,6 +460,7 @@ class ProcessRuntime(Runtime):
     sweep_tags = False
     confines = True  # Landlock and seccomp (confinement.py); the local runtime does not
     subdirs: tuple[str, ...] = ()  # made in the private directory
+    snapshots_in_memory = False  # keep snapshots under MEMORY_SNAPSHOT_DIR (where /dev/shm is), not base_dir
 
     def __init__(
         self,
@@ -477,10 +503,12 @@ class ProcessRuntime(Runtime):
         the Landlock ruleset it restricts itself to (None: none)."""
 
     def launch(
-        self, spec: SandboxSpec, address: str | None, landlock_fd: int | None
+        self, spec: SandboxSpec, address: str | None, landlock_fd: int | None, fork: Snapshot | None = None
     ) -> tuple[Slot, subprocess.Popen[bytes]]:
-        """Start a sandbox's top process in fresh cgroups with the spec's limits (cleaned up if that fails)."""
+        """Start a sandbox's top process in fresh cgroups with the spec's limits (cleaned up if that fails), as a
+        fork of `fork` if given."""
         slot = self.new_slot()
+        slot.fork = fork
         command: Command | None = None
         try:
             slot.cgroup.apply(spec.limits)
@@ -509,22 +537,78 @@ class ProcessRuntime(Runtime):
         with self._lock:
             return POLL_S * max(1, self._starting)
 
-    async def start(self, spec: SandboxSpec) -> Sandbox:
-        """Start a sandbox and return once its execution server answers (at once with `tools=False`).
+    async def start(self, spec: SandboxSpec, *, fork: Snapshot | None = None) -> Sandbox:
+        """Start a sandbox (a copy-on-write fork of `fork`, whose spec it then has) and return once its
+        execution server answers (at once with `tools=False`).
 
         With a CPU pool, a `per_action` sandbox's start is an action (kind `start`, one core): it waits for
         its core, and the sandbox is at the idle share once started."""
         if self.cpu_pool is None or spec.cpu_grants == "static":
-            return await self._start(spec, None)
+            return await self._start_or_fork(spec, None, fork)
         async with self.cpu_pool.scheduler.action(ActionDemand(START_KIND)) as grant:
-            return await self._start(spec, grant)
+            return await self._start_or_fork(spec, grant, fork)
 
-    async def _start(self, spec: SandboxSpec, grant: Grant | None) -> ProcessSandbox:
+    async def _start_or_fork(self, spec: SandboxSpec, grant: Grant | None, fork: Snapshot | None) -> ProcessSandbox:
+        """`_start` a fresh sandbox, or a fork: a runtime that does not fork may override `_start` without
+        the `fork` parameter."""
+        return await (self._start(spec, grant) if fork is None else self._start(spec, grant, fork))
+
+    async def fork(self, snapshot: Snapshot) -> Sandbox:
+        """A copy-on-write fork of `snapshot` (see Runtime.fork); a failure to start one is a SandboxError
+        naming the snapshot."""
+        reason = self.fork_unavailable()
+        if reason is not None:
+            raise SandboxError(reason)
+        if snapshot.runtime != self.name:
+            raise SandboxError(f"snapshot {snapshot.id} was made by the {snapshot.runtime} runtime, not {self.name}")
+        await asyncio.to_thread(snapshot.check)
+        try:
+            return await self.start(snapshot.spec, fork=snapshot)
+        except SandboxError as exc:
+            raise SandboxError(f"cannot fork snapshot {snapshot.id}: {exc}") from exc
+
+    async def snapshot(self, sandbox: Sandbox) -> Snapshot:
+        """Keep `sandbox`'s writable state as a snapshot (`capture`), then close it (also when that fails)."""
+        reason = self.fork_unavailable()
+        if reason is not None:
+            await sandbox.close()
+            raise SandboxError(reason)
+        if not isinstance(sandbox, ProcessSandbox) or sandbox.slot.fork is not None:
+            await sandbox.close()
+            raise SandboxError("only a sandbox this runtime started afresh (not a fork) can be snapshotted")
+        work = asyncio.ensure_future(self._snapshot_and_close(sandbox))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:  # the snapshot and the close go on to their end; then the snapshot goes
+            work.add_done_callback(_drop_snapshot)
+            raise
+
+    async def _snapshot_and_close(self, sandbox: ProcessSandbox) -> Snapshot:
+        try:
+            root = MEMORY_SNAPSHOT_DIR if self.snapshots_in_memory and MEMORY_SNAPSHOT_DIR.parent.is_dir() else None
+            snapshot_id, directory = await asyncio.to_thread(new_snapshot_dir, root or self.base_dir, self.owner)
+            try:
+                layers = await self.capture(sandbox, directory)
+                snapshot = Snapshot(snapshot_id, self.name, sandbox.spec, directory, layers)
+                await asyncio.to_thread(snapshot.write_manifest)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                raise
+            return snapshot
+        finally:
+            await sandbox.close()
+
+    async def capture(self, sandbox: ProcessSandbox, directory: Path) -> tuple[str, ...]:
+        """Put the writable state of `sandbox` into the empty `directory`, stopping its processes: the snapshot's
+        layers (see snapshot.py). Runtimes that fork implement it."""
+        raise SandboxError(f"the {self.name} runtime cannot snapshot sandboxes")
+
+    async def _start(self, spec: SandboxSpec, grant: Grant | None, fork: Snapshot | None = None) -> ProcessSandbox:
         # a network namespace of its own needs no ruleset; one is built off the event loop, once per set of ports
         landlock_fd = None if spec.network == "none" else await asyncio.to_thread(self.landlock_fd, spec)
         address = self.loopback.allocate() if spec.network == "loopback" else None
         try:
-            slot, popen = self.launch(spec, address, landlock_fd)
+            slot, popen = self.launch(spec, address, landlock_fd, fork)
         except BaseException:
             if address is not None:
                 self.loopback.release(address)

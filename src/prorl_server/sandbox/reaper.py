@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # private directories: <base>/<owner>/<sandbox id>/, in a directory of this user alone (private_dir.py)
 DEFAULT_BASE_DIR = user_dir("/tmp/prorl-sandboxes")
+# snapshots kept in memory (bubblewrap's, whose sandboxes' writable mounts are memory too): <dir>/<owner>/snap-<id>/
+MEMORY_SNAPSHOT_DIR = user_dir("/dev/shm/prorl-snapshots")
 _OWNER = re.compile(r"^prorl-(\d+)-(\d+)-[0-9a-f]+$")
 _TAG_KEYS = (ENV_OWNER.encode(), ENV_SANDBOX_ID.encode())
 _ENGINE_CONFIG = re.compile(rb"^ENGINE_CONFIG(\d+)$")
@@ -175,7 +177,7 @@ def reap(owner: str | None = None, exclude_owner: str | None = None) -> list[Tag
 
 def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
     """Remove an owner's podman containers (if it started any), kill what is left in its cgroups, remove them
-    and its private directories."""
+    and its private directories (in-memory snapshots too)."""
     if containers.used(base_dir / owner):
         containers.remove_containers(owner)
     for directory in cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)).get(owner, []):
@@ -185,6 +187,7 @@ def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
             leftover.remove()
             directory.rmdir()
     shutil.rmtree(base_dir / owner, ignore_errors=True)
+    shutil.rmtree(MEMORY_SNAPSHOT_DIR / owner, ignore_errors=True)
 
 
 def reap_orphans(current_owner: str | None = None, base_dir: Path = DEFAULT_BASE_DIR) -> list[Tagged]:
@@ -192,8 +195,9 @@ def reap_orphans(current_owner: str | None = None, base_dir: Path = DEFAULT_BASE
     owners = {p.owner for p in tagged_processes()}
     owners |= set(cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)))
     owners |= containers.container_owners()
-    with contextlib.suppress(OSError):
-        owners |= {d.name for d in base_dir.iterdir()}
+    for directory in (base_dir, MEMORY_SNAPSHOT_DIR):
+        with contextlib.suppress(OSError):
+            owners |= {d.name for d in directory.iterdir()}
     killed: list[Tagged] = []
     for owner in sorted(owners - {current_owner}):
         alive = owner_alive(owner)

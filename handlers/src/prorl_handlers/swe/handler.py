@@ -52,6 +52,9 @@ def task_prompt(task: SWEInstance) -> str:
 class SWEHandler(AgentHandler):
     """Repository repair, SWE-bench style, on repositories shipped with the package (see `prorl_handlers.swe`).
 
+    In a group, INIT (the instance's image and the checkout) runs once and each member starts from a
+    copy-on-write fork of the checked-out sandbox (`fork_after_init`; where the runtime forks).
+
     Agent settings: `max_turns` (default 30), `max_context_length`, `tool_timeout`, `system_prompt`, and
     `test_timeout` (seconds for EVAL's test run, default 300). Where repositories are is the server's
     choice, not a request's: the constructor's `repos_dir` (default: the shipped ones). An instance's own
@@ -65,6 +68,7 @@ class SWEHandler(AgentHandler):
 
     name = "swe"
     agent_config_keys = frozenset({"test_timeout"})
+    fork_after_init = True  # a group checks out (and builds the image) once; its members fork that sandbox
 
     def __init__(
         self,
