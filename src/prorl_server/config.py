@@ -204,9 +204,9 @@ class ServerSettings(BaseModel):
     )
     interference_profile: str = Field(
         default=DEFAULT_PROFILE,
-        description="Per-token seconds by batch size, batch:seconds,... (interpolated), that presorted_dp weighs "
-        "groups with (checked at start). The default is the LLM simulator's assumed profile, not a measurement of "
-        "your backends.",
+        description="Per-token seconds by batch size, batch:seconds,... (interpolated), or the path of a profile "
+        "file from `prorl-server profile-backend`, that presorted_dp weighs groups with (checked at start). The "
+        "default is the LLM simulator's assumed profile, not a measurement of your backends.",
     )
     migration_prefill_s_per_token: float = Field(
         default=1e-4,

@@ -18,6 +18,7 @@ from prorl_server.llm.backend import Backend
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
 from prorl_server.scheduling.predictor import LengthPredictor, make_predictor
 from prorl_server.scheduling.profile import Profile
+from prorl_server.scheduling.profile_file import is_profile_path, read_profile_file
 from prorl_server.scheduling.view import TrajectoryView
 from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
@@ -50,7 +51,10 @@ class TrajectoryAwarePolicy(Protocol):
 
 
 def interference_profile(text: str) -> Profile:
-    """A `Profile` from `batch:seconds,...` text (the simulator's latency-profile syntax)."""
+    """A `Profile` from `batch:seconds,...` text (the simulator's latency-profile syntax) or the path of a
+    profile file (`scheduling/profile_file.py`, as `prorl-server profile-backend` writes)."""
+    if is_profile_path(text):
+        return read_profile_file(text).profile()
     return Profile.from_points(LatencyProfile.parse(text).points)
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from prorl_server.scheduling.profile_file import is_profile_path
 from prorl_server.simllm.config import SimLLMSettings
 from prorl_server.simllm.profile import LatencyProfile
 
 
 def _profile(text: str) -> LatencyProfile:
     try:
-        return LatencyProfile.parse(text)
+        return LatencyProfile.from_file(text) if is_profile_path(text) else LatencyProfile.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -37,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         type=_profile,
         default=defaults.profile,
-        metavar="B:S,...",
-        help="seconds per decode step at batch size B, linear in between",
+        metavar="B:S,...|FILE",
+        help="seconds per decode step at batch size B, linear in between; or a profile file (profile-backend's)",
     )
     parser.add_argument(
         "--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token, help="prefill per uncached token"

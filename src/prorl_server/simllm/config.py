@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prorl_server.scheduling.profile_file import is_profile_path
 from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
 
@@ -37,4 +38,6 @@ class SimLLMSettings(BaseModel):
     @field_validator("profile", mode="before")
     @classmethod
     def _parse_profile(cls, value: object) -> object:
-        return LatencyProfile.parse(value) if isinstance(value, str) else value
+        if isinstance(value, str):
+            return LatencyProfile.from_file(value) if is_profile_path(value) else LatencyProfile.parse(value)
+        return value
