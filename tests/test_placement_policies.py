@@ -149,6 +149,25 @@ def test_presorted_dp_separates_predicted_long_from_short_jobs(start_server, sta
     assert all(s["migrations"] == 0 for s in servers(server).values())
 
 
+def test_presorted_dp_sends_the_predicted_long_job_to_the_backend_with_the_faster_profile(start_server, start_backend):
+    backends = [start_backend(), start_backend()]
+    fast = backends[1]  # listed second: its own profile, not its position, draws the long job
+    server, handler = start(
+        start_server,
+        backends,
+        placement="presorted_dp",
+        interference_profile="1:0.04,8:0.05",
+        backend_profiles=[f"{fast.address}=1:0.02,8:0.025"],  # twice as fast: a short fits the slow one
+    )
+    train(server, backends)
+    hold(server, handler, backends, "S1", SHORT)
+    hold(server, handler, backends, "L", LONG)
+    hold(server, handler, backends, "S2", SHORT)
+    assert backend_of(backends, "L") is fast
+    assert backend_of(backends, "S2") is not fast
+    release(server, handler, ["L", "S1", "S2"])
+
+
 def migrating_run(start_server, start_backend, **settings):
     """L (its one call kept running) on one backend, S1, S2 and M (a short prompt) on the other; M's first
     answer is far longer than any finished trajectory, so at its tool-call boundary it is the longest. The

@@ -1,5 +1,5 @@
 """Trajectory-aware scheduling (Heddle): a progressive length predictor, its accuracy metrics, presorted
-dynamic-programming placement with migration, dispatch policies and per-trajectory telemetry. Pure algorithms:
+dynamic-programming placement with migration, heterogeneous workers (heterogeneous.py), dispatch policies and per-trajectory telemetry. Pure algorithms:
 nothing here imports the pipeline.
 """
 

@@ -75,11 +75,15 @@ def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> l
 def plan_migrations(
     live: Sequence[LiveTrajectory],
     placed_sizes: Sequence[int],
-    profile: Profile,
+    profile: Profile | Sequence[Profile],
     prefill_s_per_token: float,
 ) -> list[Migration]:
-    """The moves worth making now, longest trajectory first (see the module docstring)."""
+    """The moves worth making now, longest trajectory first (see the module docstring). `profile` is every
+    backend's, or one per backend in the placement's order (heterogeneous workers)."""
     backends = len(placed_sizes)
+    profiles = [profile] * backends if isinstance(profile, Profile) else list(profile)
+    if len(profiles) != backends:
+        raise ValueError(f"{len(profiles)} profiles for {backends} backends")
     if any(not 0 <= t.backend < backends for t in live):
         raise ValueError(f"a live trajectory is on a backend outside the placement's {backends}")
     if len({t.key for t in live}) != len(live):
@@ -90,8 +94,8 @@ def plan_migrations(
     for t in live:
         members[t.backend][t.key] = t.remaining_tokens
 
-    def finish_s(group: dict[str, float]) -> float:
-        return profile.seconds_per_token(len(group)) * max(group.values()) if group else 0.0
+    def finish_s(backend: int, group: dict[str, float]) -> float:
+        return profiles[backend].seconds_per_token(len(group)) * max(group.values()) if group else 0.0
 
     targets = scaled_targets([t.remaining_tokens for t in live], placed_sizes)
     moves: list[Migration] = []
@@ -99,11 +103,11 @@ def plan_migrations(
         t, target = live[index], targets[index]
         if target == t.backend or not t.at_tool_boundary:
             continue
-        finish = [finish_s(group) for group in members]
+        finish = [finish_s(b, group) for b, group in enumerate(members)]
         before = max(finish)
         source, destination = members[t.backend], members[target]
-        finish[t.backend] = finish_s({k: v for k, v in source.items() if k != t.key})
-        finish[target] = finish_s({**destination, t.key: t.remaining_tokens})
+        finish[t.backend] = finish_s(t.backend, {k: v for k, v in source.items() if k != t.key})
+        finish[target] = finish_s(target, {**destination, t.key: t.remaining_tokens})
         gain, cost = before - max(finish), prefill_s_per_token * t.context_tokens
         if gain > cost and gain >= MIN_GAIN_FRACTION * before:
             del source[t.key]

@@ -42,6 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds per decode step at batch size B, linear in between; or a profile file (profile-backend's)",
     )
     parser.add_argument(
+        "--model-parallel",
+        type=int,
+        default=defaults.model_parallel,
+        help="model-parallel degree D: the profile's times divided by D x efficiency^log2(D) (an assumed scaling)",
+    )
+    parser.add_argument(
+        "--parallel-efficiency",
+        type=float,
+        default=defaults.parallel_efficiency,
+        help="speed-up kept per doubling of --model-parallel",
+    )
+    parser.add_argument(
         "--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token, help="prefill per uncached token"
     )
     parser.add_argument("--block-size", type=int, default=defaults.block_size, help="tokens per prefix-cache block")
@@ -78,7 +90,7 @@ def serve(settings: SimLLMSettings) -> None:
 
     ready = (
         f"prorl-server sim-llm ready: {settings.model_name} at http://{settings.host}:{settings.port}/v1 "
-        f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.profile}, "
+        f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.step_profile}, "
         f"time scale {settings.time_scale:g}, seed {settings.seed})"
     )
     serve_announcing(create_app(SimEngine(settings)), settings.host, settings.port, settings.log_level, ready)
