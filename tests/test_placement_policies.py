@@ -226,17 +226,21 @@ class FixedPredictor:
         pass
 
 
-def test_the_placer_solves_the_dp_once_per_new_job_and_moves_by_the_rescaled_sizes(monkeypatch):
+@pytest.mark.parametrize("resolve_fraction", [0.0, 0.25])
+def test_the_placer_solves_the_dp_for_new_jobs_and_moves_by_the_rescaled_sizes(monkeypatch, resolve_fraction):
     predictor = FixedPredictor()
     predictor.remaining.update({1: 1000.0, 2: 10.0})
-    placer = TrajectoryPlacer(predictor, interference_profile(DEFAULT_PROFILE), prefill_s_per_token=1e-4)
+    profile = interference_profile(DEFAULT_PROFILE)
+    placer = TrajectoryPlacer(predictor, profile, prefill_s_per_token=1e-4, resolve_fraction=resolve_fraction)
     solved = []
     monkeypatch.setattr(placement_runtime, "place", lambda *args: solved.append(args) or place(*args))
     backends = ["a", "b"]
     assert placer.place_new("L", TrajectoryView("d", "l", prompt_len=1), backends) == "a"
     shorts = ["S"] + [f"s{i}" for i in range(15)]
     assert [placer.place_new(k, TrajectoryView("d", "s", prompt_len=2), backends) for k in shorts] == ["b"] * 16
-    assert len(solved) == 17
+    # 0: a DP per new job; a quarter: again once more than a quarter of the live count arrived since the last
+    # (the 1st to 4th jobs, then the 6th, 8th, 11th and 15th)
+    assert len(solved) == (17 if resolve_fraction == 0 else 8) == placer.solves
     grown = TrajectoryView("d", "s", prompt_len=2, turns=1, model_tokens=50)
     assert placer.at_boundary("S", grown, "b", backends) is None  # still short: stays
     predictor.remaining[2] = 5000.0  # S is now predicted the longest: the first group's backend is its target
@@ -244,4 +248,4 @@ def test_the_placer_solves_the_dp_once_per_new_job_and_moves_by_the_rescaled_siz
     assert placer.at_boundary("S", grown, "b", backends) is None
     placer.prefill_s_per_token = 1e-4  # sharing "a" with one, not "b" with 15: 0.0206 instead of 0.028 s per token
     assert placer.at_boundary("S", grown, "b", backends) == "a"
-    assert len(solved) == 17  # boundaries never re-solve the DP
+    assert placer.solves == len(solved)  # boundaries never re-solve the DP

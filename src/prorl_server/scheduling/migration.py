@@ -21,6 +21,7 @@ backends and the scheduler that keeps concurrent transfers off shared endpoints.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,23 +53,38 @@ class Migration:
     cost_s: float
 
 
-def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> list[int]:
-    """Target backend of each live trajectory: its rank by remaining length in the group sizes scaled to n'."""
+def scaled_bounds(placed_sizes: Sequence[int], live: int) -> list[int]:
+    """Cumulative group sizes scaled to `live` trajectories: rank r goes to the first backend whose bound
+    exceeds r (`target_of_rank`)."""
     placed = sum(placed_sizes)
     if placed < 1:
         raise ValueError("the placement's group sizes must hold at least one trajectory")
-    live = len(remaining)
     bounds, cumulative = [], 0
     for size in placed_sizes:
         cumulative += size
         bounds.append(round(cumulative * live / placed))
-    ranked = sorted(range(live), key=lambda i: -remaining[i])
-    targets = [0] * live
-    backend = 0
+    return bounds
+
+
+def target_of_rank(rank: int, bounds: Sequence[int]) -> int:
+    """The backend of the trajectory ranked `rank` (0: the longest predicted) under `scaled_bounds`."""
+    return min(bisect.bisect_right(bounds, rank), len(bounds) - 1)
+
+
+def worth_moving(before_s: float, after_s: float, cost_s: float) -> bool:
+    """A move pays when it shortens the estimated makespan by more than its prefix recompute and by at least
+    `MIN_GAIN_FRACTION` of the estimate."""
+    gain = before_s - after_s
+    return gain > cost_s and gain >= MIN_GAIN_FRACTION * before_s
+
+
+def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> list[int]:
+    """Target backend of each live trajectory: its rank by remaining length in the group sizes scaled to n'."""
+    bounds = scaled_bounds(placed_sizes, len(remaining))
+    ranked = sorted(range(len(remaining)), key=lambda i: -remaining[i])
+    targets = [0] * len(remaining)
     for rank, index in enumerate(ranked):
-        while rank >= bounds[backend]:
-            backend += 1
-        targets[index] = backend
+        targets[index] = target_of_rank(rank, bounds)
     return targets
 
 
@@ -109,7 +125,7 @@ def plan_migrations(
         finish[t.backend] = finish_s(t.backend, {k: v for k, v in source.items() if k != t.key})
         finish[target] = finish_s(target, {**destination, t.key: t.remaining_tokens})
         gain, cost = before - max(finish), prefill_s_per_token * t.context_tokens
-        if gain > cost and gain >= MIN_GAIN_FRACTION * before:
+        if worth_moving(before, max(finish), cost):
             del source[t.key]
             destination[t.key] = t.remaining_tokens
             moves.append(Migration(t.key, t.backend, target, gain, cost))
