@@ -85,3 +85,21 @@ def test_bench_heddle_tiny_run_writes_documented_json(tmp_path: Path) -> None:
     for kind in ("homogeneous", "heterogeneous"):
         bound = report["bounds"][kind]
         assert bound["lower_bound_s"] == max(bound["longest_alone_s"], bound["work_bound_s"])
+
+
+def test_bench_scheduler_cost_tiny_run_writes_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_scheduler_cost.py"), "--json", str(out), "--live", "300"]
+    command += ["--backends", "4", "--trajectories", "200", "--baseline-trajectories", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {"machine", "config", "fill_s", "heddle", "baseline", "checks", "elapsed_s"} <= set(report)
+    keys = {"mean_turns", "per_turn_us", "place_new_us", "dp_solves", "dp_us", "at_boundary_us", "dispatch_us"}
+    keys |= {"finish_us", "trajectories", "turns", "migrations"}
+    for name in ("heddle", "baseline"):
+        assert keys <= set(report[name]), name
+        assert report[name]["per_turn_us"] > 0 and report[name]["mean_turns"] > 1, name
+    assert report["heddle"]["trajectories"] == 200 and report["baseline"]["trajectories"] == 5
+    assert report["baseline"]["dp_solves"] == 5  # a DP at every arrival
+    assert report["heddle"]["dp_solves"] < 200  # the DP again only after a quarter of the live count arrived
