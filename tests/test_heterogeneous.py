@@ -7,8 +7,11 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import sys
+from pathlib import Path
 
 import pytest
+import server_jobs
 
 from prorl_server.llm.placement import backend_profiles
 from prorl_server.scheduling import Profile, plan_migrations
@@ -22,6 +25,10 @@ from prorl_server.scheduling.migration import LiveTrajectory
 from prorl_server.scheduling.partition import place
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
 from prorl_server.scheduling.view import Prediction, TrajectoryView
+from prorl_server.simllm import SimLLMServer
+from prorl_server.simllm.profile import DEFAULT_PROFILE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 BASE = Profile.from_points([(1, 0.02), (8, 0.024), (32, 0.035), (64, 0.055), (128, 0.095)])
 
@@ -162,3 +169,46 @@ def test_backend_profiles_parse_addresses_and_profiles(tmp_path) -> None:
             backend_profiles([bad])
     with pytest.raises(ValueError, match="twice"):
         backend_profiles(["a=1:0.01", "a/=1:0.02"])
+
+
+def submit_plan(server, job_id: str, prompt: str, tokens: list[int]) -> None:
+    instance = {
+        "data_source": "coding",
+        "prompt": prompt,
+        "tokens": tokens,
+        "tool_s": [0.5] * (len(tokens) - 1),
+        "observations": [20] * (len(tokens) - 1),
+        "time_scale": SIM_SCALE,
+    }
+    response = server.http.post("/jobs", json={"instance": instance, "job_id": job_id})
+    assert response.status_code == 202, response.text
+
+
+SIM_SCALE = 200.0
+
+
+def test_the_server_places_the_predicted_long_job_on_the_faster_simulated_worker(start_server) -> None:
+    """Two simulated workers, one of model-parallel degree 4 (sim-llm's scaled profile), declared to the
+    server with --backend-profile: after a warm-up epoch, the long prompt's trajectory runs on the fast one,
+    although the fast worker is registered second."""
+    from scheduling_handler import SchedulingHandler
+
+    with SimLLMServer(time_scale=SIM_SCALE) as slow, SimLLMServer(time_scale=SIM_SCALE, model_parallel=4) as fast:
+        fast_profile = ",".join(f"{b}:{s:.6g}" for b, s in fast.engine.settings.step_profile.points)
+        server = start_server(
+            [slow.address, fast.address],
+            handlers={"coding": SchedulingHandler()},
+            placement="presorted_dp",
+            interference_profile=DEFAULT_PROFILE,
+            backend_profiles=[f"{fast.address}={fast_profile}"],
+        )
+        long, short = "a long coding task", "a short coding task"
+        for epoch in ("warm", "measured"):
+            jobs = {f"{epoch}-long": (long, [300, 300])}
+            jobs.update({f"{epoch}-short-{i}": (short, [5, 5]) for i in range(6)})
+            for job_id, (prompt, tokens) in jobs.items():
+                submit_plan(server, job_id, prompt, tokens)
+            results = {job_id: server_jobs.result(server, job_id, timeout=60) for job_id in jobs}
+            assert all(r["status"] == "completed" for r in results.values()), results
+        turns = results["measured-long"]["trajectory"]["turns"]
+        assert {t["backend"] for t in turns} == {fast.address}, turns
