@@ -4,7 +4,7 @@ Run it from the repository root::
 
     .venv/bin/python benchmarks/bench_heddle.py [--json out.json] [--workers 8] [--per-worker 100]
         [--samples 8] [--profile examples/profiles/vllm-cpu-smollm2-135m.json] [--max-num-seqs 128]
-        [--degrees 1,2,4,8] [--efficiency 0.8] [--resolve-fraction 0.25] [--seed 0]
+        [--degrees 1,2,4,8] [--efficiency 0.8] [--allocation 4,1,1,1,1] [--resolve-fraction 0.25] [--seed 0]
 
 A few seconds on 2 cores with the defaults. Every figure is SIMULATED: `rollout_sim.py` runs the
 rollout as a discrete-event simulation in simulated seconds (the timing model of `sim-llm`, without HTTP or
@@ -54,7 +54,7 @@ JSON output (`--json PATH`)::
       "simulated": true,
       "trace": {"trajectories", "prompts", "turns_total", "output_tokens", "longest_tokens", "median_tokens"},
       "profile": {"file", "points", "prefill_s_per_token", "max_num_seqs"},
-      "allocation": {"degrees", "dp_solves", "predicted_makespan_s"},
+      "allocation": {"degrees", "dp_solves", "predicted_makespan_s", "annealed" (false with --allocation)},
       "bounds": {"homogeneous" | "heterogeneous": {"longest_alone_s", "capacity_tok_s", "work_bound_s",
                                                     "lower_bound_s"}},
       "configs": {label: {"workers", "makespan_s", "throughput_tok_s", "speedup", "cache_hit_rate",
@@ -80,7 +80,7 @@ from typing import Any
 from _report import check, finish, positive_int, print_checks, report_header
 from rollout_sim import HeddlePolicy, Plan, RouterPolicy, Worker, simulate
 
-from prorl_server.scheduling.heterogeneous import anneal_allocation, parallel_profile
+from prorl_server.scheduling.heterogeneous import anneal_allocation, parallel_profile, place_on_workers
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION
 from prorl_server.scheduling.predictor import make_predictor
 from prorl_server.scheduling.profile import Profile
@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--degrees", default="1,2,4,8", help="model-parallel degrees the annealing may choose")
     parser.add_argument("--efficiency", type=float, default=0.8, help="speed-up kept per doubling of the degree")
     parser.add_argument(
+        "--allocation",
+        default="",
+        help="heterogeneous degrees to use instead of annealing them, comma-separated (e.g. 4,1,1,1,1)",
+    )
+    parser.add_argument(
         "--resolve-fraction",
         type=float,
         default=RESOLVE_FRACTION,
@@ -211,13 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         predictor.predict(TrajectoryView("coding", p.prompt_key, p.prompt_len)).remaining_tokens for p in plans
     ]
     by_degree = {d: parallel_profile(base, d, args.efficiency, limit * d) for d in degrees if d <= args.workers}
-    allocation = anneal_allocation(predicted, args.workers, by_degree, seed=args.seed)
-    heterogeneous = [by_degree[d] for d in allocation.degrees]
-    report["allocation"] = {
-        "degrees": list(allocation.degrees),
-        "dp_solves": allocation.evaluated,
-        "predicted_makespan_s": allocation.placement.makespan,
-    }
+    if args.allocation:
+        chosen = tuple(sorted((int(d) for d in args.allocation.split(",") if d.strip()), reverse=True))
+        if not chosen or chosen[-1] < 1:
+            parser.error("--allocation takes positive degrees")
+        by_degree.update({d: parallel_profile(base, d, args.efficiency, limit * d) for d in chosen})
+        placed = place_on_workers(predicted, [by_degree[d] for d in chosen])
+        report["allocation"] = {"degrees": list(chosen), "dp_solves": 1, "predicted_makespan_s": placed.makespan}
+    else:
+        allocation = anneal_allocation(predicted, args.workers, by_degree, seed=args.seed)
+        report["allocation"] = {
+            "degrees": list(allocation.degrees),
+            "dp_solves": allocation.evaluated,
+            "predicted_makespan_s": allocation.placement.makespan,
+        }
+    report["allocation"]["annealed"] = not args.allocation
+    heterogeneous = [by_degree[d] for d in report["allocation"]["degrees"]]
     report["bounds"] = {"homogeneous": bounds(plans, homogeneous), "heterogeneous": bounds(plans, heterogeneous)}
     configs = {
         "verl-like": (homogeneous, lambda w: RouterPolicy("verl-like", cache_affine=False)),
@@ -265,7 +279,8 @@ def print_report(report: dict[str, Any]) -> None:
         f"{trace['turns_total']} turns, {trace['output_tokens']} output tokens (median {trace['median_tokens']:.0f}, "
         f"longest {trace['longest_tokens']}); profile {report['profile']['file']}"
     )
-    print(f"heterogeneous workers (annealed, {alloc['dp_solves']} DP solves): degrees {alloc['degrees']}")
+    how = f"annealed, {alloc['dp_solves']} DP solves" if alloc["annealed"] else "given by --allocation"
+    print(f"heterogeneous workers ({how}): degrees {alloc['degrees']}")
     for kind, b in report["bounds"].items():
         print(
             f"lower bound, {kind}: {b['lower_bound_s']:.0f} s = max(longest alone {b['longest_alone_s']:.0f} s, "
