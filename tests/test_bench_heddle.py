@@ -103,3 +103,13 @@ def test_bench_scheduler_cost_tiny_run_writes_documented_json(tmp_path: Path) ->
     assert report["heddle"]["trajectories"] == 200 and report["baseline"]["trajectories"] == 5
     assert report["baseline"]["dp_solves"] == 5  # a DP at every arrival
     assert report["heddle"]["dp_solves"] < 200  # the DP again only after a quarter of the live count arrived
+
+
+def test_bench_heddle_takes_given_degrees_instead_of_annealing(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_heddle.py"), "--json", str(out), "--workers", "2"]
+    command += ["--per-worker", "4", "--samples", "4", "--allocation", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    allocation = json.loads(out.read_text())["allocation"]
+    assert allocation["degrees"] == [2] and allocation["annealed"] is False
