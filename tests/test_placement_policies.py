@@ -149,6 +149,25 @@ def test_presorted_dp_separates_predicted_long_from_short_jobs(start_server, sta
     assert all(s["migrations"] == 0 for s in servers(server).values())
 
 
+def test_presorted_dp_sends_the_predicted_long_job_to_the_backend_with_the_faster_profile(start_server, start_backend):
+    backends = [start_backend(), start_backend()]
+    fast = backends[1]  # listed second: its own profile, not its position, draws the long job
+    server, handler = start(
+        start_server,
+        backends,
+        placement="presorted_dp",
+        interference_profile="1:0.04,8:0.05",
+        backend_profiles=[f"{fast.address}=1:0.02,8:0.025"],  # twice as fast: a short fits the slow one
+    )
+    train(server, backends)
+    hold(server, handler, backends, "S1", SHORT)
+    hold(server, handler, backends, "L", LONG)
+    hold(server, handler, backends, "S2", SHORT)
+    assert backend_of(backends, "L") is fast
+    assert backend_of(backends, "S2") is not fast
+    release(server, handler, ["L", "S1", "S2"])
+
+
 def migrating_run(start_server, start_backend, **settings):
     """L (its one call kept running) on one backend, S1, S2 and M (a short prompt) on the other; M's first
     answer is far longer than any finished trajectory, so at its tool-call boundary it is the longest. The
@@ -207,17 +226,21 @@ class FixedPredictor:
         pass
 
 
-def test_the_placer_solves_the_dp_once_per_new_job_and_moves_by_the_rescaled_sizes(monkeypatch):
+@pytest.mark.parametrize("resolve_fraction", [0.0, 0.25])
+def test_the_placer_solves_the_dp_for_new_jobs_and_moves_by_the_rescaled_sizes(monkeypatch, resolve_fraction):
     predictor = FixedPredictor()
     predictor.remaining.update({1: 1000.0, 2: 10.0})
-    placer = TrajectoryPlacer(predictor, interference_profile(DEFAULT_PROFILE), prefill_s_per_token=1e-4)
+    profile = interference_profile(DEFAULT_PROFILE)
+    placer = TrajectoryPlacer(predictor, profile, prefill_s_per_token=1e-4, resolve_fraction=resolve_fraction)
     solved = []
     monkeypatch.setattr(placement_runtime, "place", lambda *args: solved.append(args) or place(*args))
     backends = ["a", "b"]
     assert placer.place_new("L", TrajectoryView("d", "l", prompt_len=1), backends) == "a"
     shorts = ["S"] + [f"s{i}" for i in range(15)]
     assert [placer.place_new(k, TrajectoryView("d", "s", prompt_len=2), backends) for k in shorts] == ["b"] * 16
-    assert len(solved) == 17
+    # 0: a DP per new job; a quarter: again once more than a quarter of the live count arrived since the last
+    # (the 1st to 4th jobs, then the 6th, 8th, 11th and 15th)
+    assert len(solved) == (17 if resolve_fraction == 0 else 8) == placer.solves
     grown = TrajectoryView("d", "s", prompt_len=2, turns=1, model_tokens=50)
     assert placer.at_boundary("S", grown, "b", backends) is None  # still short: stays
     predictor.remaining[2] = 5000.0  # S is now predicted the longest: the first group's backend is its target
@@ -225,4 +248,4 @@ def test_the_placer_solves_the_dp_once_per_new_job_and_moves_by_the_rescaled_siz
     assert placer.at_boundary("S", grown, "b", backends) is None
     placer.prefill_s_per_token = 1e-4  # sharing "a" with one, not "b" with 15: 0.0206 instead of 0.028 s per token
     assert placer.at_boundary("S", grown, "b", backends) == "a"
-    assert len(solved) == 17  # boundaries never re-solve the DP
+    assert placer.solves == len(solved)  # boundaries never re-solve the DP

@@ -130,6 +130,23 @@ def test_histories_are_bounded() -> None:
     assert len(table) == 2 and table.get("a") is first and table.get("b") is None
 
 
+def test_a_large_history_answers_from_a_snapshot_rebuilt_after_a_64th_of_its_samples() -> None:
+    history = LengthHistory(capacity=1000)
+    for value in range(1, 201):  # 200 samples: rebuilt once more than 200 // 64 = 3 arrived
+        history.add(value)
+    assert history.remaining_past(0) == (100.5, 200)
+    for _ in range(3):
+        history.add(1000)
+    assert history.remaining_past(0) == (100.5, 200)  # 3 of 203 new: not yet in the answer
+    history.add(1000)
+    assert history.remaining_past(0) == (pytest.approx((20100 + 4000) / 204), 204)
+    small = LengthHistory(capacity=10)
+    small.add(5)
+    assert small.remaining_past(0) == (5.0, 1)
+    small.add(7)  # below 64 samples every arrival counts at once
+    assert small.remaining_past(0) == (6.0, 2)
+
+
 def test_view_of_a_recorded_trajectory() -> None:
     turn = TurnRecord(backend="b", prompt_len=3, output_ids=[7, 8], logprobs=[0.0, 0.0])
     trajectory = Trajectory(prompt_ids=[1, 2, 3], response_ids=[7, 8, 9, 9, 9], response_mask=[1, 1, 0, 0, 0])

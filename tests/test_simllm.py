@@ -109,6 +109,21 @@ async def test_steps_last_the_profile_time_of_the_batch():
     assert len({timing.finished_s for _, timing in batch}) == 1  # admitted together, ended together
 
 
+async def test_a_model_parallel_worker_steps_by_the_scaled_profile():
+    """A degree-4 worker (efficiency 0.8 per doubling) is 4 x 0.64 = 2.56x faster per step at every batch."""
+    settings = SimLLMSettings(time_scale=1e5, prefill_s_per_token=0.0, model_parallel=4, parallel_efficiency=0.8)
+    assert settings.step_profile.seconds_per_token(32) == pytest.approx(0.035 / 2.56)
+    engine = SimEngine(settings)
+    loop = asyncio.create_task(engine.run())
+    try:
+        _, timing = await engine.generate("one", [100] * 10, SamplingParams(max_tokens=50, ignore_eos=True))
+    finally:
+        loop.cancel()
+    assert timing.decode_s == pytest.approx(50 * 0.020 / 2.56)
+    args = build_parser().parse_args(["sim-llm", "--model-parallel", "2", "--parallel-efficiency", "0.9"])
+    assert settings_from_args(args).step_profile.seconds_per_token(1) == pytest.approx(0.020 / 1.8)
+
+
 async def test_reported_times_follow_the_profile_over_http(start_sim):
     sim = start_sim(time_scale=5.0, prefill_s_per_token=0.0)  # others' prefill would lengthen shared steps
     prompt = list(range(100, 164))

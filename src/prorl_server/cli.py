@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prewarm_images(sub)
     add_dev_llm(sub)
     add_sim_llm(sub)
+    add_profile_backend(sub)
     add_vllm(sub)
     add_slurm(sub)
     return parser
@@ -63,6 +64,18 @@ def add_sim_llm(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(sim_llm)
+
+
+def add_profile_backend(sub: argparse._SubParsersAction) -> None:
+    """The `profile-backend` subcommand: measure a live backend's interference profile (backend_profiler.py)."""
+    from prorl_server.backend_profiler import add_arguments
+
+    profile = sub.add_parser(
+        "profile-backend",
+        help="measure a live backend's per-token time by batch size and prefill cost; write a profile file",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(profile)
 
 
 def add_vllm(sub: argparse._SubParsersAction) -> None:
@@ -342,6 +355,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.simllm.cli import run_from_args as run_sim_llm
 
         run_sim_llm(args)
+    elif args.command == "profile-backend":
+        from prorl_server.backend_profiler import run_from_args as run_profile_backend
+
+        run_profile_backend(args)
     elif args.command == "vllm":
         from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
 

@@ -205,9 +205,16 @@ class ServerSettings(BaseModel):
     )
     interference_profile: str = Field(
         default=DEFAULT_PROFILE,
-        description="Per-token seconds by batch size, batch:seconds,... (interpolated), that presorted_dp weighs "
-        "groups with (checked at start). The default is the LLM simulator's assumed profile, not a measurement of "
-        "your backends.",
+        description="Per-token seconds by batch size, batch:seconds,... (interpolated), or the path of a profile "
+        "file from `prorl-server profile-backend`, that presorted_dp weighs groups with (checked at start). The "
+        "default is the LLM simulator's assumed profile, not a measurement of your backends.",
+    )
+    backend_profiles: list[str] = Field(
+        default_factory=list,
+        description="A backend's own profile, ADDRESS=PROFILE (a profile file or batch:seconds,...; repeatable), "
+        "for heterogeneous backends (e.g. different model-parallel degrees): presorted_dp then sends the "
+        "longest predicted trajectories to the lowest-latency backends. Backends without one use "
+        "--interference-profile.",
     )
     migration_prefill_s_per_token: float = Field(
         default=1e-4,

@@ -63,6 +63,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_inflight_per_backend",
         "vllm_priority",
         "interference_profile",
+        "backend_profiles",
         "migration_prefill_s_per_token",
     ),
     "OpenAI gateway": (
@@ -80,6 +81,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sandbox_image": ("--image",),
     "llm_servers": ("--llm-server",),
     "judge_servers": ("--judge-server",),
+    "backend_profiles": ("--backend-profile",),
     "service_quotas": ("--service-quota",),
     "model_services": ("--model-service",),
     "handlers": ("--handler",),
@@ -112,6 +114,7 @@ METAVARS: dict[str, str] = {
     "action_idle_cpus": "CORES",
     "handlers": "[NAME=]MODULE:CLASS",
     "journal": "PATH",
+    "backend_profiles": "ADDRESS=PROFILE",
 }
 
 

@@ -25,7 +25,7 @@ from prorl_server.llm.engine_freeze import EngineFreeze
 from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.local_tokenizer import TokenizerCache
 from prorl_server.llm.pause_lease import PauseLease
-from prorl_server.llm.placement import PlacementPolicy, interference_profile, make_policy
+from prorl_server.llm.placement import PlacementPolicy, backend_profiles, interference_profile, make_policy
 from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
 from prorl_server.pipeline.loop_thread import LoopThread
@@ -219,14 +219,18 @@ def build_dispatch(settings: ServerSettings) -> DispatchPolicy:
 
 
 def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> PlacementPolicy:
-    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor and
-    weighs a group past `--max-inflight-per-backend` as waiting for slots."""
+    """The placement policy of `--placement`; `presorted_dp` shares the dispatch policy's predictor, weighs
+    each backend with its `--backend-profile` (else `--interference-profile`) and a group past
+    `--max-inflight-per-backend` as waiting for slots."""
+    limit = settings.max_inflight_per_backend
     profile = interference_profile(settings.interference_profile)
+    own = {address: p.with_batch_limit(limit) for address, p in backend_profiles(settings.backend_profiles).items()}
     return make_policy(
         settings.placement,
         predictor=dispatch.predictor,
-        profile=profile.with_batch_limit(settings.max_inflight_per_backend),
+        profile=profile.with_batch_limit(limit),
         prefill_s_per_token=settings.migration_prefill_s_per_token,
+        backend_profiles=own,
     )
 
 

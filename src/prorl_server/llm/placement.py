@@ -11,13 +11,14 @@ later completion), which the pool counts as a migration.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from prorl_server.llm.backend import Backend
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
 from prorl_server.scheduling.predictor import LengthPredictor, make_predictor
 from prorl_server.scheduling.profile import Profile
+from prorl_server.scheduling.profile_file import is_profile_path, read_profile_file
 from prorl_server.scheduling.view import TrajectoryView
 from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
@@ -49,8 +50,28 @@ class TrajectoryAwarePolicy(Protocol):
         ...
 
 
+def backend_profiles(entries: Sequence[str]) -> dict[str, Profile]:
+    """`ADDRESS=PROFILE` entries (`--backend-profile`) -> profile by backend address (trailing `/` dropped, as
+    the pool registers addresses); ValueError for a malformed entry, an address given twice or a bad profile."""
+    profiles: dict[str, Profile] = {}
+    for entry in entries:
+        address, sep, value = entry.partition("=")
+        address = address.strip().rstrip("/")
+        if not sep or not address or not value.strip():
+            raise ValueError(
+                f"--backend-profile {entry!r}: ADDRESS=PROFILE expected (a profile file or batch:seconds,...)"
+            )
+        if address in profiles:
+            raise ValueError(f"--backend-profile: {address} is given twice")
+        profiles[address] = interference_profile(value.strip())
+    return profiles
+
+
 def interference_profile(text: str) -> Profile:
-    """A `Profile` from `batch:seconds,...` text (the simulator's latency-profile syntax)."""
+    """A `Profile` from `batch:seconds,...` text (the simulator's latency-profile syntax) or the path of a
+    profile file (`scheduling/profile_file.py`, as `prorl-server profile-backend` writes)."""
+    if is_profile_path(text):
+        return read_profile_file(text).profile()
     return Profile.from_points(LatencyProfile.parse(text).points)
 
 
@@ -137,11 +158,13 @@ class PresortedDPPolicy:
         predictor: LengthPredictor | None = None,
         profile: Profile | None = None,
         prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
+        backend_profiles: Mapping[str, Profile] | None = None,
     ) -> None:
         self.placer = TrajectoryPlacer(
             predictor if predictor is not None else make_predictor("online"),
             profile if profile is not None else interference_profile(DEFAULT_PROFILE),
             prefill_s_per_token,
+            backend_profiles,
         )
 
     def choose(self, candidates: Sequence[Backend]) -> Backend:
@@ -185,10 +208,12 @@ def make_policy(
     predictor: LengthPredictor | None = None,
     profile: Profile | None = None,
     prefill_s_per_token: float = DEFAULT_PREFILL_S_PER_TOKEN,
+    backend_profiles: Mapping[str, Profile] | None = None,
 ) -> PlacementPolicy:
-    """Instantiate a policy by its config name; `presorted_dp` uses the predictor, profile and prefill cost."""
+    """Instantiate a policy by its config name; `presorted_dp` uses the predictor, profile (and backends' own
+    profiles, by address) and prefill cost."""
     if name == PresortedDPPolicy.name:
-        return PresortedDPPolicy(predictor, profile, prefill_s_per_token)
+        return PresortedDPPolicy(predictor, profile, prefill_s_per_token, backend_profiles)
     try:
         return POLICIES[name]()
     except KeyError:

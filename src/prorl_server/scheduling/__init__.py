@@ -1,10 +1,17 @@
 """Trajectory-aware scheduling (Heddle): a progressive length predictor, its accuracy metrics, presorted
-dynamic-programming placement with migration, dispatch policies and per-trajectory telemetry. Pure algorithms:
+dynamic-programming placement with migration, heterogeneous workers (heterogeneous.py), dispatch policies and per-trajectory telemetry. Pure algorithms:
 nothing here imports the pipeline.
 """
 
 from prorl_server.scheduling.accuracy import Accuracy, accuracy_at_step, pearson, recall_at_top, replay
 from prorl_server.scheduling.dispatch import DISPATCH_POLICIES, DispatchPolicy
+from prorl_server.scheduling.heterogeneous import (
+    Allocation,
+    WorkerPlacement,
+    anneal_allocation,
+    parallel_profile,
+    place_on_workers,
+)
 from prorl_server.scheduling.migration import LiveTrajectory, Migration, plan_migrations, scaled_targets
 from prorl_server.scheduling.partition import Placement, partition_makespan, place
 from prorl_server.scheduling.predictor import (
@@ -23,6 +30,7 @@ __all__ = [
     "DISPATCH_POLICIES",
     "PREDICTORS",
     "Accuracy",
+    "Allocation",
     "DispatchPolicy",
     "LengthPredictor",
     "LiveTrajectory",
@@ -36,11 +44,15 @@ __all__ = [
     "TelemetrySnapshot",
     "TrajectoryTelemetry",
     "TrajectoryView",
+    "WorkerPlacement",
     "accuracy_at_step",
+    "anneal_allocation",
     "make_predictor",
+    "parallel_profile",
     "partition_makespan",
     "pearson",
     "place",
+    "place_on_workers",
     "plan_migrations",
     "prompt_key_of",
     "recall_at_top",

@@ -2,16 +2,23 @@
 
 `LengthHistory` keeps the last `capacity` totals (tokens or turns) in arrival order, and the same values
 sorted with suffix sums, so that E[L - t | L >= t] and the number of samples with L >= t cost a binary
-search. `BoundedMap` is a least-recently-used dictionary: the predictor keeps one history per prompt and
+search. The sorted values and their suffix sums are a snapshot, rebuilt (in C, by `itertools.accumulate`)
+when more than 1/`STALENESS` of the samples arrived since the last build: every arrival while fewer than
+`STALENESS` samples are kept, every 129th at 8,192, so the rebuild costs O(1) amortised per arrival instead of
+O(capacity) and an answer may leave out at most that share of the latest samples. `BoundedMap` is a least-recently-used dictionary: the predictor keeps one history per prompt and
 per data source, and both are capped.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+STALENESS = 64
+"""A history's snapshot is rebuilt once more than 1/STALENESS of its samples arrived since (module docstring)."""
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -26,7 +33,8 @@ class LengthHistory:
         self._arrivals: deque[int] = deque()
         self._capacity = capacity
         self._sorted: list[int] = []
-        self._suffix: list[int] | None = None  # _suffix[i] = sum(_sorted[i:]); rebuilt lazily
+        self._snapshot: tuple[list[int], list[int]] | None = None  # sorted values, suffix[i] = sum(values[i:])
+        self._stale = 0  # arrivals since the snapshot
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -38,20 +46,22 @@ class LengthHistory:
             del self._sorted[bisect.bisect_left(self._sorted, oldest)]
         self._arrivals.append(value)
         bisect.insort(self._sorted, value)
-        self._suffix = None
+        self._stale += 1
 
     def remaining_past(self, so_far: float) -> tuple[float, int]:
-        """(E[L - so_far | L >= so_far], how many samples have L >= so_far); (0.0, 0) when none has."""
-        start = bisect.bisect_left(self._sorted, so_far)
-        count = len(self._sorted) - start
+        """(E[L - so_far | L >= so_far], how many samples have L >= so_far); (0.0, 0) when none has. From the
+        snapshot (module docstring)."""
+        if self._snapshot is None or self._stale > len(self._sorted) // STALENESS:
+            values = list(self._sorted)
+            suffix = list(itertools.accumulate(reversed(values), initial=0))
+            suffix.reverse()
+            self._snapshot, self._stale = (values, suffix), 0
+        values, suffix = self._snapshot
+        start = bisect.bisect_left(values, so_far)
+        count = len(values) - start
         if count == 0:
             return 0.0, 0
-        if self._suffix is None:
-            suffix = [0] * (len(self._sorted) + 1)
-            for i in range(len(self._sorted) - 1, -1, -1):
-                suffix[i] = suffix[i + 1] + self._sorted[i]
-            self._suffix = suffix
-        return self._suffix[start] / count - so_far, count
+        return suffix[start] / count - so_far, count
 
 
 class BoundedMap(Generic[K, V]):

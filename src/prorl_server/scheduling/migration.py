@@ -21,6 +21,7 @@ backends and the scheduler that keeps concurrent transfers off shared endpoints.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,34 +53,53 @@ class Migration:
     cost_s: float
 
 
-def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> list[int]:
-    """Target backend of each live trajectory: its rank by remaining length in the group sizes scaled to n'."""
+def scaled_bounds(placed_sizes: Sequence[int], live: int) -> list[int]:
+    """Cumulative group sizes scaled to `live` trajectories: rank r goes to the first backend whose bound
+    exceeds r (`target_of_rank`)."""
     placed = sum(placed_sizes)
     if placed < 1:
         raise ValueError("the placement's group sizes must hold at least one trajectory")
-    live = len(remaining)
     bounds, cumulative = [], 0
     for size in placed_sizes:
         cumulative += size
         bounds.append(round(cumulative * live / placed))
-    ranked = sorted(range(live), key=lambda i: -remaining[i])
-    targets = [0] * live
-    backend = 0
+    return bounds
+
+
+def target_of_rank(rank: int, bounds: Sequence[int]) -> int:
+    """The backend of the trajectory ranked `rank` (0: the longest predicted) under `scaled_bounds`."""
+    return min(bisect.bisect_right(bounds, rank), len(bounds) - 1)
+
+
+def worth_moving(before_s: float, after_s: float, cost_s: float) -> bool:
+    """A move pays when it shortens the estimated makespan by more than its prefix recompute and by at least
+    `MIN_GAIN_FRACTION` of the estimate."""
+    gain = before_s - after_s
+    return gain > cost_s and gain >= MIN_GAIN_FRACTION * before_s
+
+
+def scaled_targets(remaining: Sequence[float], placed_sizes: Sequence[int]) -> list[int]:
+    """Target backend of each live trajectory: its rank by remaining length in the group sizes scaled to n'."""
+    bounds = scaled_bounds(placed_sizes, len(remaining))
+    ranked = sorted(range(len(remaining)), key=lambda i: -remaining[i])
+    targets = [0] * len(remaining)
     for rank, index in enumerate(ranked):
-        while rank >= bounds[backend]:
-            backend += 1
-        targets[index] = backend
+        targets[index] = target_of_rank(rank, bounds)
     return targets
 
 
 def plan_migrations(
     live: Sequence[LiveTrajectory],
     placed_sizes: Sequence[int],
-    profile: Profile,
+    profile: Profile | Sequence[Profile],
     prefill_s_per_token: float,
 ) -> list[Migration]:
-    """The moves worth making now, longest trajectory first (see the module docstring)."""
+    """The moves worth making now, longest trajectory first (see the module docstring). `profile` is every
+    backend's, or one per backend in the placement's order (heterogeneous workers)."""
     backends = len(placed_sizes)
+    profiles = [profile] * backends if isinstance(profile, Profile) else list(profile)
+    if len(profiles) != backends:
+        raise ValueError(f"{len(profiles)} profiles for {backends} backends")
     if any(not 0 <= t.backend < backends for t in live):
         raise ValueError(f"a live trajectory is on a backend outside the placement's {backends}")
     if len({t.key for t in live}) != len(live):
@@ -90,8 +110,8 @@ def plan_migrations(
     for t in live:
         members[t.backend][t.key] = t.remaining_tokens
 
-    def finish_s(group: dict[str, float]) -> float:
-        return profile.seconds_per_token(len(group)) * max(group.values()) if group else 0.0
+    def finish_s(backend: int, group: dict[str, float]) -> float:
+        return profiles[backend].seconds_per_token(len(group)) * max(group.values()) if group else 0.0
 
     targets = scaled_targets([t.remaining_tokens for t in live], placed_sizes)
     moves: list[Migration] = []
@@ -99,13 +119,13 @@ def plan_migrations(
         t, target = live[index], targets[index]
         if target == t.backend or not t.at_tool_boundary:
             continue
-        finish = [finish_s(group) for group in members]
+        finish = [finish_s(b, group) for b, group in enumerate(members)]
         before = max(finish)
         source, destination = members[t.backend], members[target]
-        finish[t.backend] = finish_s({k: v for k, v in source.items() if k != t.key})
-        finish[target] = finish_s({**destination, t.key: t.remaining_tokens})
+        finish[t.backend] = finish_s(t.backend, {k: v for k, v in source.items() if k != t.key})
+        finish[target] = finish_s(target, {**destination, t.key: t.remaining_tokens})
         gain, cost = before - max(finish), prefill_s_per_token * t.context_tokens
-        if gain > cost and gain >= MIN_GAIN_FRACTION * before:
+        if worth_moving(before, max(finish), cost):
             del source[t.key]
             destination[t.key] = t.remaining_tokens
             moves.append(Migration(t.key, t.backend, target, gain, cost))

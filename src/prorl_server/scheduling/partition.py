@@ -12,7 +12,7 @@ linear partition problem over that order is therefore optimal:
 with f_1(j) = I(j) * l_(1) and l_(1) >= l_(2) >= ... the sorted lengths. That is O(n^2 B). When the profile
 is non-decreasing, f_{k-1}(i) is non-decreasing in i and I(j - i) * l_(i+1) non-increasing, so the best i is
 where the two cross: a binary search makes it O(n B log n). Not implemented: Heddle's aggregation of short
-trajectories below a threshold, and heterogeneous backends (section 6).
+trajectories below a threshold. Heterogeneous backends (section 6) are `heterogeneous.py`.
 """
 
 from __future__ import annotations

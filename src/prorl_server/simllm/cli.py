@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from prorl_server.scheduling.profile_file import is_profile_path
 from prorl_server.simllm.config import SimLLMSettings
 from prorl_server.simllm.profile import LatencyProfile
 
 
 def _profile(text: str) -> LatencyProfile:
     try:
-        return LatencyProfile.parse(text)
+        return LatencyProfile.from_file(text) if is_profile_path(text) else LatencyProfile.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -37,8 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         type=_profile,
         default=defaults.profile,
-        metavar="B:S,...",
-        help="seconds per decode step at batch size B, linear in between",
+        metavar="B:S,...|FILE",
+        help="seconds per decode step at batch size B, linear in between; or a profile file (profile-backend's)",
+    )
+    parser.add_argument(
+        "--model-parallel",
+        type=int,
+        default=defaults.model_parallel,
+        help="model-parallel degree D: the profile's times divided by D x efficiency^log2(D) (an assumed scaling)",
+    )
+    parser.add_argument(
+        "--parallel-efficiency",
+        type=float,
+        default=defaults.parallel_efficiency,
+        help="speed-up kept per doubling of --model-parallel",
     )
     parser.add_argument(
         "--prefill-s-per-token", type=float, default=defaults.prefill_s_per_token, help="prefill per uncached token"
@@ -77,7 +90,7 @@ def serve(settings: SimLLMSettings) -> None:
 
     ready = (
         f"prorl-server sim-llm ready: {settings.model_name} at http://{settings.host}:{settings.port}/v1 "
-        f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.profile}, "
+        f"(simulated: max_num_seqs {settings.max_num_seqs}, profile {settings.step_profile}, "
         f"time scale {settings.time_scale:g}, seed {settings.seed})"
     )
     serve_announcing(create_app(SimEngine(settings)), settings.host, settings.port, settings.log_level, ready)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prorl_server.scheduling.heterogeneous import DEFAULT_PARALLEL_EFFICIENCY
+from prorl_server.scheduling.profile_file import is_profile_path
 from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
 
@@ -21,6 +25,12 @@ class SimLLMSettings(BaseModel):
     profile: LatencyProfile = Field(
         default=LatencyProfile.parse(DEFAULT_PROFILE), description="seconds per decode step by batch size"
     )
+    model_parallel: int = Field(
+        default=1, ge=1, le=1024, description="model-parallel degree: divides the profile's times (see step_profile)"
+    )
+    parallel_efficiency: float = Field(
+        default=DEFAULT_PARALLEL_EFFICIENCY, gt=0, le=1, description="speed-up kept per doubling of model_parallel"
+    )
     prefill_s_per_token: float = Field(default=1e-4, ge=0, le=10, description="prefill time per uncached token")
     block_size: int = Field(default=16, ge=1, le=4096, description="tokens per prefix-cache block")
     cache_blocks: int = Field(default=8192, ge=0, description="prefix-cache capacity in blocks (0: no cache)")
@@ -34,7 +44,19 @@ class SimLLMSettings(BaseModel):
     )
     log_level: str = "warning"
 
+    @property
+    def step_profile(self) -> LatencyProfile:
+        """The profile the engine steps by: `profile` for a degree-1 worker; for `model_parallel` d > 1, its
+        times divided by d x `parallel_efficiency`^log2(d) (`scheduling.heterogeneous.parallel_profile`'s
+        assumed scaling; pass a profile measured at that degree and leave d at 1 where you have one)."""
+        if self.model_parallel == 1:
+            return self.profile
+        speedup = self.model_parallel * self.parallel_efficiency ** math.log2(self.model_parallel)
+        return LatencyProfile(tuple((batch, seconds / speedup) for batch, seconds in self.profile.points))
+
     @field_validator("profile", mode="before")
     @classmethod
     def _parse_profile(cls, value: object) -> object:
-        return LatencyProfile.parse(value) if isinstance(value, str) else value
+        if isinstance(value, str):
+            return LatencyProfile.from_file(value) if is_profile_path(value) else LatencyProfile.parse(value)
+        return value

@@ -114,6 +114,7 @@ class SimEngine:
         self.settings = settings
         self.model_name = settings.model_name
         self.max_model_len = settings.max_model_len
+        self._profile = settings.step_profile  # per decode step, model-parallel degree applied
         self.tokenizer = SimTokenizer()
         self.n_vocab = self.tokenizer.n_vocab
         self.cache = PrefixCache(settings.block_size, settings.cache_blocks)
@@ -247,7 +248,7 @@ class SimEngine:
                 continue
             label = self.label
             duration = self._schedule(clock.now_s)  # the admitted requests' prefill
-            duration += self.settings.profile.seconds_per_token(len(self._running))
+            duration += self._profile.seconds_per_token(len(self._running))
             clock.begin_step(duration)
             deadline = max(deadline, time.monotonic() - MAX_LAG_S) + duration / clock.scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))

@@ -1,6 +1,6 @@
 """Per-token decode latency as a function of the running batch size: piecewise linear over measured points.
 
-Written `batch:seconds,batch:seconds,...` (e.g. `1:0.020,8:0.024,32:0.035`). Between two points the time
+Written `batch:seconds,batch:seconds,...` (e.g. `1:0.020,8:0.024,32:0.035`), or read from a profile file. Between two points the time
 is interpolated linearly; below the first point it is the first point's time; past the last point the last
 segment is extended (a single point is a constant).
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+
+from prorl_server.scheduling.profile_file import read_profile_file
 
 MAX_POINTS = 256
 
@@ -47,6 +49,11 @@ class LatencyProfile:
                 raise ValueError(f"latency profile batch sizes must increase: {batch} after {points[-1][0]}")
             points.append((batch, seconds))
         return cls(tuple(points))
+
+    @classmethod
+    def from_file(cls, path: str) -> LatencyProfile:
+        """The points of a profile file (`scheduling/profile_file.py`, as `prorl-server profile-backend` writes)."""
+        return cls(read_profile_file(path).points)
 
     def __str__(self) -> str:
         return ",".join(f"{batch}:{seconds:g}" for batch, seconds in self.points)
