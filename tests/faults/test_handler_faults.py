@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from fault_handlers import FAULTS, METHODS, AsyncFaultHandler, SyncFaultHandler
 from prorl_server.api import ServerState, create_app
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
+from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted_backend_app
 
 VARIANTS = ("async", "sync", "async_via_thread")
@@ -59,8 +61,21 @@ class FaultServer:
 @pytest.fixture(scope="module")
 def faults() -> Iterator[FaultServer]:
     server = FaultServer()
+    start_handler_threads(server)
     yield server
     server.close()
+
+
+def start_handler_threads(server: FaultServer) -> None:
+    """Start every stage's threads for plain-def methods now (they start on demand): they belong to this
+    module's server, and must not count as threads a test left running."""
+
+    async def fill(threads: HandlerThreads) -> None:
+        together = threading.Barrier(threads.size, timeout=10)  # all at once: every thread starts
+        await asyncio.gather(*(threads.run(together.wait, owner="warm-up") for _ in range(threads.size)))
+
+    for pool in server.state.orchestrator.pools.values():
+        asyncio.run(fill(pool.threads))
 
 
 def instance(variant: str, method: str, fault: str) -> dict[str, Any]:
