@@ -30,6 +30,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prorl_server.scheduling.partition import contiguous_groups
 from prorl_server.scheduling.profile import Profile
 
 DEFAULT_PARALLEL_EFFICIENCY = 0.8
@@ -89,13 +90,7 @@ def place_on_workers(lengths: Sequence[float], profiles: Sequence[Profile]) -> W
                 if cost < best[j]:
                     best[j], split[j] = cost, i
         splits.append(split)
-    groups: list[tuple[int, ...]] = []
-    j = n
-    for split in reversed(splits):
-        i = split[j]
-        groups.append(tuple(ranked[i:j]))
-        j = i
-    groups.reverse()
+    groups = contiguous_groups(splits, ranked)
     return WorkerPlacement(order=order, groups=tuple(groups), makespan=best[n])
 
 

@@ -75,15 +75,22 @@ def place(lengths: Sequence[float], backends: int, profile: Profile) -> Placemen
                 if cost < best[j]:
                     best[j], split[j] = cost, i
         splits.append(split)
-    groups: list[tuple[int, ...]] = []
-    j = n
-    for split in reversed(splits):
-        i = split[j]
-        groups.append(tuple(order[i:j]))
-        j = i
-    groups.reverse()
+    groups = contiguous_groups(splits, order)
     groups.sort(key=lambda group: (not group, -lengths[group[0]] if group else 0.0))
     return Placement(groups=tuple(groups), makespan=best[n])
+
+
+def contiguous_groups(splits: Sequence[Sequence[int]], items: Sequence[int]) -> list[tuple[int, ...]]:
+    """The DP's groups, read back from its split points: `splits[k][j]` is where the group of backend k
+    starts when the first j items go to backends 0..k; the groups cut `items` into consecutive runs."""
+    groups: list[tuple[int, ...]] = []
+    j = len(items)
+    for split in reversed(splits):
+        i = split[j]
+        groups.append(tuple(items[i:j]))
+        j = i
+    groups.reverse()
+    return groups
 
 
 def _crossing(previous: list[float], group_time: Callable[[int, int], float], j: int) -> tuple[int, ...]:
