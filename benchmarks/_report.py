@@ -31,6 +31,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile_ms(values: list[float], pct: float) -> float:
     """Nearest-rank percentile of seconds, in milliseconds (NaN without values)."""
     if not values:

@@ -82,7 +82,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import re
 import statistics
@@ -93,7 +92,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from _report import check, children_run_this_checkout, finish, percentile_ms, positive_int, print_checks, report_header
+from _report import (
+    check,
+    children_run_this_checkout,
+    cpu_s,
+    finish,
+    percentile_ms,
+    positive_int,
+    print_checks,
+    report_header,
+)
 
 HERE = Path(__file__).resolve().parent
 HANDLER = f"agent_loop_bench={HERE / 'agent_loop_handler.py'}:AgentLoopBenchHandler"
@@ -191,12 +199,6 @@ def sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # the arms ----------------------------------------------------------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_server_arm(stack: Any, sim: str, plans: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:

@@ -60,11 +60,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _report import check, children_run_this_checkout, finish, positive_int, print_checks, report_header
+from _report import check, children_run_this_checkout, cpu_s, finish, positive_int, print_checks, report_header
 
 HERE = Path(__file__).resolve().parent
 HANDLER = f"agent_loop_bench={HERE / 'agent_loop_handler.py'}:AgentLoopBenchHandler"
-LIVE_SHARE = 0.95
 SUBMITTERS = 64
 RETRIES = 3
 IDLE_S = 5.0
@@ -98,26 +97,24 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (its threads included)."""
-    import os
+class Scrape:
+    """One `GET /metrics` answer, parsed once: each sample name's sum over its series, and the cumulative
+    bucket counts of `prorl_event_loop_lag_seconds` by loop."""
 
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def __init__(self, text: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
 
+        self.sums: dict[str, float] = {}
+        self.lag: dict[str, dict[float, float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                self.sums[sample.name] = self.sums.get(sample.name, 0.0) + sample.value
+                if sample.name == "prorl_event_loop_lag_seconds_bucket":
+                    self.lag.setdefault(sample.labels["loop"], {})[float(sample.labels["le"])] = sample.value
 
-def lag_counts(text: str) -> dict[str, dict[float, float]]:
-    """Cumulative bucket counts of `prorl_event_loop_lag_seconds` by loop, from a /metrics scrape."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "prorl_event_loop_lag_seconds":
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                out.setdefault(sample.labels["loop"], {})[float(sample.labels["le"])] = sample.value
-    return out
+    def sum(self, name: str) -> float:
+        """The sum over every series of one sample name (0 when there is none)."""
+        return self.sums.get(name, 0.0)
 
 
 def lag_p99_ms(before: dict[float, float], after: dict[float, float]) -> float:
@@ -147,18 +144,6 @@ class Sampler(threading.Thread):
                 self.samples.append(rss_mb(self.pid))
             except (OSError, RuntimeError):  # the server ended: the level fails on its requests
                 return
-
-
-def scrape_sum(text: str, name: str) -> float:
-    """The sum over every series of one sample name in a /metrics scrape."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
 
 
 def run_level(level: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
@@ -234,15 +219,13 @@ def run_level(level: int, args: argparse.Namespace, logs: Path) -> dict[str, Any
                 return out
 
         measured = asyncio.run(drive())
-    first, last = measured.pop("first"), measured.pop("last")
-    live = scrape_sum(last, "prorl_jobs_live")
-    turns = scrape_sum(last, "prorl_llm_request_duration_seconds_count") - scrape_sum(
-        first, "prorl_llm_request_duration_seconds_count"
-    )
-    finished = scrape_sum(last, "prorl_jobs_finished_total")
+    first, last = Scrape(measured.pop("first")), Scrape(measured.pop("last"))
+    live = last.sum("prorl_jobs_live")
+    turns = last.sum("prorl_llm_request_duration_seconds_count") - first.sum("prorl_llm_request_duration_seconds_count")
+    finished = last.sum("prorl_jobs_finished_total")
     samples = measured.pop("rss")
     rss_live = statistics.median(samples) if samples else float("nan")
-    before, after = lag_counts(first), lag_counts(last)
+    before, after = first.lag, last.lag
     net_cpu = measured["cpu_s"] - measured["idle_cpu_per_s"] * measured["window_s"]
     return {
         **measured,

@@ -112,9 +112,9 @@ class JournalWriter:
                 self._open.discard(change.result.job_id)
             self._enqueued += 1
             self._queue.put(change)
-            self._kick_if_all_wait()
+            self._kick_if_nothing_in_flight()
 
-    def _kick_if_all_wait(self) -> None:
+    def _kick_if_nothing_in_flight(self) -> None:
         if self._waiting and not self._open:
             self._kick.set()
 
@@ -129,7 +129,7 @@ class JournalWriter:
                 return
             self._waiting += 1
             self._queue.put(_Barrier(loop, future))
-            self._kick_if_all_wait()
+            self._kick_if_nothing_in_flight()
         await future
 
     # the writer thread ----------------------------------------------------------------------------
