@@ -5,7 +5,8 @@ Run it from the repository root::
     .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin]
 
 About two minutes on a 2-core machine with the defaults. Every server under test runs in this process on
-a real uvicorn socket (127.0.0.1 only). The load generator runs in its own *process* (multiprocessing,
+a real uvicorn socket (127.0.0.1 only), with the garbage collector set as `prorl-server serve` sets it
+(`prorl_server.process_gc`; both arms share it). The load generator runs in its own *process* (multiprocessing,
 spawn) so it never competes with the server for the GIL; it is a minimal asyncio HTTP/1.1 keep-alive
 client (pre-encoded request bytes, Content-Length framing), cheap on CPU. The scripted vLLM-protocol
 backend (a test double, `prorl_server.testing`) runs in a third process. `--pin` puts the client and
@@ -159,6 +160,7 @@ from prorl_server import AgentHandler, JobContext
 from prorl_server.api import ServerState, create_app
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerRegistry
+from prorl_server.process_gc import tune_gc_for_serving
 from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted_backend_app
 from prorl_server.testing.uvicorn_thread import free_port
 
@@ -1229,6 +1231,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{http}/{loop}, load average {os.getloadavg()[0]:.2f} (other work on the machine skews the figures)"
     )
     started = time.monotonic()
+    tune_gc_for_serving()  # as `prorl-server serve` does once started; both arms share this process
     threads_before = {t.ident for t in threading.enumerate()}
     ctx = multiprocessing.get_context("spawn")
     client = LoadClient(ctx)

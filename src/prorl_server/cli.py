@@ -280,6 +280,7 @@ def serve(settings: ServerSettings) -> None:
     import uvicorn
 
     from prorl_server.api import ServerState, create_app
+    from prorl_server.process_gc import tune_gc_for_serving
 
     if settings.no_api_key and reachable_beyond_loopback(settings.host):
         logging.getLogger("prorl_server").warning(
@@ -293,6 +294,7 @@ def serve(settings: ServerSettings) -> None:
     settings = with_default_api_key(settings)
     state = ServerState.build(settings)
     app = create_app(state=state)
+    tune_gc_for_serving()
 
     class GracefulServer(uvicorn.Server):
         """On a signal, stop the pipeline first so blocked /process requests get their results."""

@@ -75,6 +75,8 @@ class BackendPool:
         self._deciding: dict[Backend, concurrent.futures.Future[None]] = {}
         self.max_inflight_per_backend = max_inflight_per_backend
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
+        # checked once: isinstance against a runtime-checkable Protocol costs microseconds per call
+        self._trajectory_aware = self.policy if isinstance(self.policy, TrajectoryAwarePolicy) else None
         self.retry = retry or RetryPolicy()
         self.stall_timeout_s = stall_timeout_s
         self._failure_threshold = failure_threshold
@@ -248,8 +250,8 @@ class BackendPool:
         places the job here at its first completion, and at a later one (a tool-call boundary: nothing runs
         for the job) may move it to another backend, to which the completion then resends the whole token
         context, as after a drain. Other policies ignore it."""
-        policy = self.policy
-        if not isinstance(policy, TrajectoryAwarePolicy):
+        policy = self._trajectory_aware
+        if policy is None:
             return
         snapshot = view()
         with self._lock:
@@ -302,8 +304,8 @@ class BackendPool:
             pinned = self._pins.pop(job_id, None)
             if pinned is not None:
                 pinned.in_flight -= 1
-            if isinstance(self.policy, TrajectoryAwarePolicy):
-                self.policy.forget(job_id)
+            if self._trajectory_aware is not None:
+                self._trajectory_aware.forget(job_id)
 
     def succeeded(self, lease: Lease) -> None:
         """The backend answered the request (a rejection counts: it works)."""

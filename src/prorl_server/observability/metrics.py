@@ -86,6 +86,7 @@ class ServerMetrics:
             buckets=STAGE_BUCKETS,
             registry=r,
         )
+        self._stage_duration: dict[object, Histogram] = {}  # its children, made at a stage's first observation
         self.job_duration = Histogram(
             "prorl_job_duration_seconds",
             "Seconds from a job's admission to its end.",
@@ -177,7 +178,10 @@ class ServerMetrics:
         timing = result.timing
         for stage, seconds in zip(STAGES, (timing.init_s, timing.run_s, timing.eval_s), strict=True):
             if seconds > 0:
-                self.stage_duration.labels(stage.value).observe(seconds)
+                child = self._stage_duration.get(stage)
+                if child is None:
+                    child = self._stage_duration[stage] = self.stage_duration.labels(stage.value)
+                child.observe(seconds)
         self.job_duration.observe(timing.total_s)
         self.trajectory_tokens.observe(trajectory_tokens(result.trajectory))
         self.activity.record(result)
