@@ -17,6 +17,7 @@ from prorl_server.actions.quota import QuotaRegistry, Slot
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
+from prorl_server.gateway.sessions import SessionRegistry
 from prorl_server.handlers.failure import cancel_requested
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
@@ -26,8 +27,7 @@ from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
 
-if TYPE_CHECKING:  # the gateway's sessions import the agent loop, which imports this module
-    from prorl_server.gateway.sessions import SessionRegistry
+if TYPE_CHECKING:
     from prorl_server.sandbox.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
