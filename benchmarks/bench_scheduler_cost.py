@@ -57,12 +57,12 @@ from typing import Any
 from _report import check, finish, positive_int, print_checks, report_header
 
 from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
 from prorl_server.scheduling.migration import LiveTrajectory, plan_migrations
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION, TrajectoryPlacer
 from prorl_server.scheduling.predictor import make_predictor
 from prorl_server.scheduling.profile import Profile
 from prorl_server.scheduling.view import TrajectoryView
-from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
 
 class Synthetic:

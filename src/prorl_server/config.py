@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from prorl_server.actions.model_services import parse_model_service
 from prorl_server.actions.quota import parse_service_quota
 from prorl_server.protocol.jobs import StalePolicy
-from prorl_server.simllm.profile import DEFAULT_PROFILE
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE
 
 RuntimeName = Literal["auto", "apptainer", "bwrap", "local", "podman"]
 """Sandbox runtimes by name (`auto`: the first available of apptainer, bwrap, local, in this order; podman
@@ -34,7 +34,7 @@ JournalSync = Literal["normal", "full"]
 """SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
 ToolCallFormatName = Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"]
-"""Tool-call formats by name (agent/tool_formats; `auto`: detected per backend from its chat template)."""
+"""Tool-call formats by name (tool_formats/; `auto`: detected per backend from its chat template)."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""

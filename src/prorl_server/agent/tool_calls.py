@@ -1,5 +1,5 @@
 """Tool calls in the Hermes/Qwen format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the
-agent loop's default (other families' formats are in `agent.tool_formats`).
+agent loop's default (other families' formats are in `prorl_server.tool_formats`).
 
 Parsing never raises: a call that cannot be read becomes a `MalformedCall` whose message the model reads
 as its observation, so it can correct itself on the next turn.
@@ -7,8 +7,8 @@ as its observation, so it can correct itself on the next turn.
 
 from __future__ import annotations
 
-from prorl_server.agent.tool_formats import HERMES, MalformedCall, ToolCall
-from prorl_server.agent.tool_formats.hermes import CLOSE, OPEN
+from prorl_server.tool_formats import HERMES, MalformedCall, ToolCall
+from prorl_server.tool_formats.hermes import CLOSE, OPEN
 
 FORMAT_HINT = HERMES.hint
 

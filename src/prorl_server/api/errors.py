@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect
 
 from prorl_server.handlers import HandlerLoadError, UnknownDataSource
 from prorl_server.pipeline import DuplicateJob, InvalidInstance, NotAccepting
+from prorl_server.request_body import MAX_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,6 @@ _STATUS: dict[type[Exception], int] = {
     HandlerLoadError: 503,
 }
 
-MAX_ERRORS = 20
-"""Validation errors reported per request; a note replaces the rest."""
 MAX_ECHO_CHARS = 100
 """Characters of an offending string echoed back (as `input`), and of each `loc` part."""
 

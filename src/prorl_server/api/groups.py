@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
-from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.pipeline.groups import GroupRunner, wait_done
 from prorl_server.protocol.groups import GROUP_ID_MAX_CHARS, GroupAccepted, GroupRequest, GroupResult
+from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["groups"])
 GroupIdPath = Annotated[str, Path(min_length=1, max_length=GROUP_ID_MAX_CHARS)]

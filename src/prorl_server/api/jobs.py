@@ -11,7 +11,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
-from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.pipeline.submission import check_instance
@@ -29,6 +28,7 @@ from prorl_server.protocol import (
     ProcessRequest,
 )
 from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS
+from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["jobs"])
 State = Annotated[ServerState, Depends(get_state)]

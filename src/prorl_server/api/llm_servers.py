@@ -11,7 +11,6 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.protocol import (
@@ -21,6 +20,7 @@ from prorl_server.protocol import (
     RemoveLLMServerRequest,
     RemoveLLMServerResponse,
 )
+from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["llm servers"])
 State = Annotated[ServerState, Depends(get_state)]

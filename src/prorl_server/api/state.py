@@ -15,7 +15,6 @@ from fastapi import Request
 from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
 from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused, parse_model_service
 from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
-from prorl_server.agent.tool_formats import tool_format
 from prorl_server.config import ServerSettings
 from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
@@ -37,6 +36,7 @@ from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
+from prorl_server.tool_formats import tool_format
 
 log = logging.getLogger(__name__)
 

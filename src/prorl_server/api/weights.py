@@ -20,7 +20,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
-from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.llm import BackendPool
@@ -37,6 +36,7 @@ from prorl_server.protocol import (
     UpdateResponse,
     WeightsStatus,
 )
+from prorl_server.request_body import openapi_body, parse_body
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["weights"])

@@ -20,7 +20,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from prorl_server.agent.tool_formats import ToolCallFormat, backend_format, keep_call_markers
 from prorl_server.gateway.errors import GatewayError, bad_request
 from prorl_server.gateway.messages import (
     MessageKey,
@@ -36,6 +35,7 @@ from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import SessionFinished
 from prorl_server.protocol import Trajectory
 from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.tool_formats import ToolCallFormat, backend_format, keep_call_markers
 
 MAX_REMEMBERED_REPLIES = 4096
 """Replies whose sampled text a new segment can still render as the model said it (oldest forgotten)."""

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from prorl_server.api.body import openapi_body, parse_body
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.gateway.anthropic.router import router as anthropic_router
 from prorl_server.gateway.errors import GatewayError, gateway_error_handler, session_not_found
@@ -28,6 +27,7 @@ from prorl_server.gateway.protocol import (
 from prorl_server.gateway.responses.router import router as responses_router
 from prorl_server.gateway.serving import complete, completion_body, completion_events, read_chat_request
 from prorl_server.gateway.sessions import GatewaySession, SessionRegistry
+from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["gateway"])
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from prorl_server.agent.tool_formats import ToolCallFormat
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
 from prorl_server.gateway.protocol import MAX_HARNESS_MODELS, OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
@@ -30,6 +29,7 @@ from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import LLMError
 from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.tool_formats import ToolCallFormat
 
 log = logging.getLogger(__name__)
 

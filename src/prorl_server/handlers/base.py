@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from prorl_server.handlers.context import JobContext
 from prorl_server.handlers.failure import exception_location, exception_message, short_traceback
-from prorl_server.protocol import ErrorInfo, JobResult
+from prorl_server.protocol import ErrorInfo, ErrorStage, JobResult, Stage
 
 # Keys of `sampling_params` that configure the agent rather than vLLM; they are moved to
 # `ctx.agent_config`. A handler adds its own with the class attribute `agent_config_keys`.
@@ -53,22 +53,22 @@ class AgentHandler(ABC):
 
     def init_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
         """INIT raised: return the error to fail the job with, or None to go on to RUN."""
-        return default_error("init", exc)
+        return default_error(Stage.INIT, exc)
 
     def run_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
         """RUN raised: return the error to fail the job with, or None to go on to EVAL."""
-        return default_error("run", exc)
+        return default_error(Stage.RUN, exc)
 
     def eval_exception(self, ctx: JobContext, exc: BaseException) -> ErrorInfo | None:
         """EVAL raised: return the error to fail the job with, or None to complete it with reward 0."""
-        return default_error("eval", exc)
+        return default_error(Stage.EVAL, exc)
 
     def final_result(self, ctx: JobContext, result: JobResult) -> JobResult:
         """Last look at a completed, failed or timed-out result before it is returned. Default: as is."""
         return result
 
 
-def default_error(stage: str, exc: BaseException) -> ErrorInfo:
+def default_error(stage: Stage | ErrorStage | str, exc: BaseException) -> ErrorInfo:
     """The error a stage exception becomes unless the handler decides otherwise, with where it was raised."""
     return ErrorInfo(
         stage=stage,

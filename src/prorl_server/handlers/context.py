@@ -10,24 +10,24 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused
 from prorl_server.actions.quota import QuotaRegistry, Slot
 from prorl_server.gateway.bridge import SessionBridge
 from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
+from prorl_server.gateway.sessions import SessionRegistry
 from prorl_server.handlers.failure import cancel_requested
 from prorl_server.llm import LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
-from prorl_server.protocol import Trajectory
+from prorl_server.protocol import Stage, Trajectory
 from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
 
-if TYPE_CHECKING:  # the gateway's sessions import the agent loop, which imports this module
-    from prorl_server.gateway.sessions import SessionRegistry
+if TYPE_CHECKING:
     from prorl_server.sandbox.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class JobContext:
     trajectory: Trajectory
     artifacts: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
-    stage: str = "queued"
+    stage: Stage | Literal["queued"] = "queued"
     tool_call_format: str = "auto"
     sandbox: Sandbox | None = None
     _sandboxes: SandboxManager | None = field(default=None, repr=False)
@@ -107,7 +107,7 @@ class JobContext:
         """The server's LLM judge (`--judge-server`), for scoring: in EVAL only, else JudgeUnavailable."""
         if self._judge is None:
             raise JudgeUnavailable(f"this server has no LLM judge: {HOW_TO_CONFIGURE}")
-        if self.stage != "eval":
+        if self.stage != Stage.EVAL:
             raise JudgeUnavailable(
                 f"ctx.judge is for scoring, in EVAL only (this is {self.stage.upper()}); the policy's turns go "
                 "through ctx.llm"

@@ -15,14 +15,14 @@ from prorl_server.journal.process import WriterProcess
 from prorl_server.journal.recovery import InFlightJob, recover
 from prorl_server.journal.writer import JournalWriter
 from prorl_server.pipeline.errors import SubmissionError
-from prorl_server.protocol import ErrorInfo, JobResult, JobStatus
+from prorl_server.protocol import ErrorInfo, ErrorKind, ErrorStage, JobResult, JobStatus
 
 if TYPE_CHECKING:
     from prorl_server.pipeline.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
 
-RESTART_ERROR_TYPE = "ServerRestarted"
+RESTART_ERROR_TYPE = ErrorKind.SERVER_RESTARTED
 """`error.type` of a job that was in flight when the server died."""
 
 
@@ -135,7 +135,7 @@ def restart_failure(job: InFlightJob, why: str) -> JobResult:
         status=JobStatus.FAILED,
         data_source=data_source if isinstance(data_source, str) else None,
         error=ErrorInfo(
-            stage="restart",
+            stage=ErrorStage.RESTART,
             type=RESTART_ERROR_TYPE,
             message=f"the server stopped (crashed or was killed) while this job was in flight (submitted "
             f"{submitted}) and was restarted on its journal; {why}",

@@ -21,8 +21,8 @@ from prometheus_client.registry import Collector
 from prorl_server.actions.model_services import ModelServiceSnapshot, ServiceState
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
 from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
-from prorl_server.pipeline.stages import STAGES
 from prorl_server.protocol import JobResult
+from prorl_server.protocol.stages import STAGES
 from prorl_server.tools.responses import RESPONSES
 
 if TYPE_CHECKING:

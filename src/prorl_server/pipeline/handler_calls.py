@@ -13,7 +13,7 @@ from typing import Any
 from prorl_server.handlers import AgentHandler, JobContext
 from prorl_server.handlers.failure import cancel_requested, exception_message
 from prorl_server.pipeline.handler_threads import HandlerThreads
-from prorl_server.pipeline.stages import Stage
+from prorl_server.protocol.stages import Stage
 
 
 class HandlerFault(Exception):

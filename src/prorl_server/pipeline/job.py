@@ -9,9 +9,9 @@ from typing import Any
 from prorl_server.handlers import JobContext
 from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.handler_calls import HandlerMethods
-from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import TERMINAL_STATUSES, JobResult, JobStatus
+from prorl_server.protocol.stages import STAGES, Stage
 
 __all__ = ["STAGES", "Job"]
 

@@ -49,7 +49,6 @@ from prorl_server.pipeline.handler_calls import (
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
-from prorl_server.pipeline.stages import STAGES, Stage
 from prorl_server.pipeline.submission import AdmissionLog, FinishedJob, request_digest
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import (
@@ -57,6 +56,7 @@ from prorl_server.protocol import (
     ActionKindStatus,
     ActionsStatus,
     ErrorInfo,
+    ErrorKind,
     JobResult,
     JobStatus,
     ProcessRequest,
@@ -65,6 +65,7 @@ from prorl_server.protocol import (
     StatusResponse,
     Trajectory,
 )
+from prorl_server.protocol.stages import STAGES, ErrorStage, Stage
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.view import view_of
@@ -150,7 +151,8 @@ class Orchestrator:
             with self._lock:
                 live = list(self._live.values())
             cancelled = sum(
-                self._cancel_job(job, "ServerStopped", "the server was stopped (POST /stop or SIGTERM)") for job in live
+                self._cancel_job(job, ErrorKind.SERVER_STOPPED, "the server was stopped (POST /stop or SIGTERM)")
+                for job in live
             )
             for stage in STAGES:
                 self.pools[stage].stop(self.settings.cancel_grace_s)
@@ -395,10 +397,10 @@ class Orchestrator:
         if job is None:
             stored = self.results.get(job_id)
             return stored.status if stored is not None else None
-        self._cancel_job(job, "Cancelled", reason)
+        self._cancel_job(job, ErrorKind.CANCELLED, reason)
         return job.status
 
-    def _cancel_job(self, job: Job, kind: str, message: str) -> bool:
+    def _cancel_job(self, job: Job, kind: ErrorKind, message: str) -> bool:
         if job.status == JobStatus.QUEUED:
             stage, message = job.next_stage, f"{message} (while queued for {job.next_stage})"
         else:
@@ -425,7 +427,7 @@ class Orchestrator:
                 message = (
                     f"prorl-server internal error ({type(exc).__name__}: {exception_message(exc)}); please report it"
                 )
-                await self._end_or_force(job, ErrorInfo(stage=stage, type="InternalError", message=message))
+                await self._end_or_force(job, ErrorInfo(stage=stage, type=ErrorKind.INTERNAL_ERROR, message=message))
 
         return process
 
@@ -450,7 +452,7 @@ class Orchestrator:
             stage = job.stage
             error = ErrorInfo(
                 stage=stage,
-                type="StageLoopDied",
+                type=ErrorKind.STAGE_LOOP_DIED,
                 message=f"the {stage} stage's event loop died while the job was in it ({why}); the server "
                 "restarted the stage",
             )
@@ -515,7 +517,7 @@ class Orchestrator:
             task.cancel()
             stuck = await self._settle(stage, job, task, _now() + grace)
             message = f"the job used up its {job.timer.budget_s:g}s budget during {stage}{stuck}"
-            error = ErrorInfo(stage=stage, type="Timeout", message=message)
+            error = ErrorInfo(stage=stage, type=ErrorKind.TIMEOUT, message=message)
             await self._end(job, JobStatus.TIMEOUT, error=error, deadline=_now() + grace)
             return
         if job.terminal:  # cancelled or stopped meanwhile: its result is decided
@@ -525,7 +527,7 @@ class Orchestrator:
         if task.cancelled():  # not by the server: the handler cancelled its own task
             error = ErrorInfo(
                 stage=stage,
-                type="CancelledError",
+                type=ErrorKind.CANCELLED_ERROR,
                 message=f"{stage}() was cancelled, not by the server (did the handler cancel its own task?)",
             )
             await self._end(job, JobStatus.FAILED, error=error)
@@ -533,7 +535,9 @@ class Orchestrator:
         exc = task.exception()
         if job.ctx.llm.stale is not None:  # bounded staleness ended it, whatever the handler made of that
             await self._end(
-                job, JobStatus.STALE, error=ErrorInfo(stage=stage, type="StaleRollout", message=job.ctx.llm.stale)
+                job,
+                JobStatus.STALE,
+                error=ErrorInfo(stage=stage, type=ErrorKind.STALE_ROLLOUT, message=job.ctx.llm.stale),
             )
             return
         if exc is None:
@@ -699,15 +703,17 @@ class Orchestrator:
         done, outcome = await self._call_handler(job, stage, job.methods.final_result, result, deadline=deadline)
         if not done:
             message = "final_result() did not return within the job's budget and the cancel grace"
-            error = ErrorInfo(stage="final_result", type="Timeout", message=message)
+            error = ErrorInfo(stage=ErrorStage.FINAL_RESULT, type=ErrorKind.TIMEOUT, message=message)
             return self._result(job, JobStatus.FAILED, error=error), None
         if isinstance(outcome, BaseException):
             if isinstance(outcome, HandlerFault):
-                return self._result(job, JobStatus.FAILED, error=fault_error("final_result", outcome)), outcome.original
-            return self._result(job, JobStatus.FAILED, error=default_error("final_result", outcome)), outcome
+                return self._result(
+                    job, JobStatus.FAILED, error=fault_error(ErrorStage.FINAL_RESULT, outcome)
+                ), outcome.original
+            return self._result(job, JobStatus.FAILED, error=default_error(ErrorStage.FINAL_RESULT, outcome)), outcome
         problem = _bad_final_result(outcome, job.id)
         if problem is not None:
-            error = ErrorInfo(stage="final_result", type="TypeError", message=problem)
+            error = ErrorInfo(stage=ErrorStage.FINAL_RESULT, type=ErrorKind.BAD_FINAL_RESULT, message=problem)
             return self._result(job, JobStatus.FAILED, error=error), None
         return outcome, None
 
@@ -762,7 +768,7 @@ class Orchestrator:
             message = f"artifacts and eval details must be JSON values (str, number, bool, None, list, dict): {exc}"
             return JobResult(
                 status=JobStatus.FAILED,
-                error=ErrorInfo(stage="result", type="InvalidResult", message=message),
+                error=ErrorInfo(stage=ErrorStage.RESULT, type=ErrorKind.INVALID_RESULT, message=message),
                 **fields,
             )
 
@@ -771,7 +777,7 @@ class Orchestrator:
         return JobResult(job_id=job.id, status=JobStatus.FAILED, error=error, data_source=job.ctx.data_source)
 
 
-def fault_error(stage: str, fault: HandlerFault) -> ErrorInfo:
+def fault_error(stage: Stage | ErrorStage, fault: HandlerFault) -> ErrorInfo:
     """The error of a job whose handler raised what no `except Exception` catches (see HandlerFault)."""
     original = fault.original
     return ErrorInfo(

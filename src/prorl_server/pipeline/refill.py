@@ -10,16 +10,16 @@ work), went stale or was cancelled.
 
 from __future__ import annotations
 
-from prorl_server.protocol import JobResult, JobStatus
+from prorl_server.protocol import ErrorKind, JobResult, JobStatus
 
 INFRASTRUCTURE_ERRORS: frozenset[str] = frozenset(
     {
-        "SandboxError",  # the sandbox runtime could not start (or keep) the member's sandbox
-        "BackendUnavailable",  # every LLM request of a call failed, past the failovers and the retry budget
-        "BackendStalled",  # the same, the last request having stalled
-        "BackendProtocolError",  # the same, the last answer having broken vLLM's protocol
-        "NoBackendAvailable",  # no backend could take the call within the retry budget
-        "ServerRestarted",  # the server restarted on its journal while the member was in flight (journal.py)
+        ErrorKind.SANDBOX_ERROR,  # the sandbox runtime could not start (or keep) the member's sandbox
+        ErrorKind.BACKEND_UNAVAILABLE,  # every LLM request of a call failed, past the failovers and the retry budget
+        ErrorKind.BACKEND_STALLED,  # the same, the last request having stalled
+        ErrorKind.BACKEND_PROTOCOL_ERROR,  # the same, the last answer having broken vLLM's protocol
+        ErrorKind.NO_BACKEND_AVAILABLE,  # no backend could take the call within the retry budget
+        ErrorKind.SERVER_RESTARTED,  # the server restarted on its journal while the member was in flight (journal.py)
     }
 )
 """`error.type` of the failures a group refills."""

@@ -17,7 +17,7 @@ from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.loop_lag import LoopLag
 from prorl_server.pipeline.loop_thread import LoopThread
-from prorl_server.pipeline.stages import Stage
+from prorl_server.protocol.stages import Stage
 
 log = logging.getLogger(__name__)
 

@@ -1,29 +1,6 @@
-"""Stage: the three stages a job goes through, in order (INIT -> RUN -> EVAL)."""
+"""The stages, kept importable here: Stage and STAGES live in `protocol/stages.py`, below the handler layer
+(`JobContext.stage`) and the wire schemas (`ErrorInfo.stage`) that use them."""
 
-from __future__ import annotations
+from prorl_server.protocol.stages import STAGES, Stage
 
-from enum import StrEnum
-
-
-class Stage(StrEnum):
-    """A pipeline stage; its value is the name used on the wire (`"init"`, `"run"`, `"eval"`)."""
-
-    INIT = "init"
-    RUN = "run"
-    EVAL = "eval"
-
-    @property
-    def next(self) -> Stage | None:
-        """The stage after this one; None after EVAL."""
-        order = list(Stage)
-        index = order.index(self) + 1
-        return order[index] if index < len(order) else None
-
-    @property
-    def exception_hook(self) -> str:
-        """Name of the handler method called when this stage raises (`init_exception`, ...)."""
-        return f"{self.value}_exception"
-
-
-STAGES: tuple[Stage, ...] = tuple(Stage)
-"""The stages in order."""
+__all__ = ["STAGES", "Stage"]

@@ -3,6 +3,7 @@
 Everything that crosses HTTP is defined here and nowhere else.
 """
 
+from prorl_server.protocol.error_kinds import ErrorKind
 from prorl_server.protocol.groups import (
     AdaptiveBudget,
     GroupAccepted,
@@ -49,6 +50,7 @@ from prorl_server.protocol.server import (
     SchedulingStatus,
     StatusResponse,
 )
+from prorl_server.protocol.stages import STAGES, ErrorStage, Stage
 from prorl_server.protocol.weights import (
     PauseRequest,
     PauseResponse,
@@ -61,6 +63,7 @@ from prorl_server.protocol.weights import (
 )
 
 __all__ = [
+    "STAGES",
     "TERMINAL_STATUSES",
     "AckRequest",
     "AckResponse",
@@ -71,6 +74,8 @@ __all__ = [
     "CancelRequest",
     "CancelResponse",
     "ErrorInfo",
+    "ErrorKind",
+    "ErrorStage",
     "GroupAccepted",
     "GroupMember",
     "GroupRefill",
@@ -95,6 +100,7 @@ __all__ = [
     "RemoveLLMServerResponse",
     "SchedulingStatus",
     "Selection",
+    "Stage",
     "StageTiming",
     "StalePolicy",
     "StatusResponse",

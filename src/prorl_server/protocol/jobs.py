@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, computed_field
 
 from prorl_server.protocol.bounded import JobId, TaskJson
+from prorl_server.protocol.error_kinds import ErrorKind
+from prorl_server.protocol.stages import ErrorStage, Stage
 
 
 class JobStatus(StrEnum):
@@ -144,10 +146,18 @@ class Trajectory(BaseModel):
 
 class ErrorInfo(BaseModel):
     """Why a job did not complete: the stage, the exception type and a message; for an exception, also
-    where it was raised (`location`) and the end of its traceback."""
+    where it was raised (`location`) and the end of its traceback.
 
-    stage: str
-    type: str
+    The server writes `stage` and `type` as enum members (str enums: on the wire each is its value); a
+    handler's exception gives `type` its class name, and a hook of the handler's may return any string."""
+
+    stage: Stage | ErrorStage | str = Field(
+        description="Where the job failed: `init`, `run`, `eval`, else `final_result`, `result` or `restart`."
+    )
+    type: ErrorKind | str = Field(
+        description="Why: the class name of the exception the job failed on, or one of the server's own kinds "
+        "(`Timeout`, `Cancelled`, `ServerStopped`, `ServerRestarted`, `StaleRollout`, ...)."
+    )
     message: str
     location: str | None = Field(
         default=None,

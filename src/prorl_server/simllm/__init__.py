@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
 from prorl_server.simllm.config import SimLLMSettings
-from prorl_server.simllm.profile import DEFAULT_PROFILE, LatencyProfile
 
 if TYPE_CHECKING:
     from prorl_server.simllm.app import create_app

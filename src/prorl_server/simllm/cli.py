@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from prorl_server.scheduling.latency_profile import LatencyProfile
 from prorl_server.scheduling.profile_file import is_profile_path
 from prorl_server.simllm.config import SimLLMSettings
-from prorl_server.simllm.profile import LatencyProfile
 
 
 def _profile(text: str) -> LatencyProfile:

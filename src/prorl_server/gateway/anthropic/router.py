@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from prorl_server.api.body import openapi_body
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.gateway.anthropic.errors import error_response
 from prorl_server.gateway.anthropic.protocol import MessagesRequest
@@ -21,6 +20,7 @@ from prorl_server.gateway.anthropic.translate import chat_request, message_of
 from prorl_server.gateway.errors import GatewayError
 from prorl_server.gateway.serving import complete
 from prorl_server.gateway.sessions import GatewaySession, SessionRegistry
+from prorl_server.request_body import openapi_body
 
 router = APIRouter(tags=["gateway"])
 

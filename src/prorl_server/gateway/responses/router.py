@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from prorl_server.api.body import openapi_body
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.gateway.responses.protocol import ResponsesRequest
 from prorl_server.gateway.responses.serving import create_response, read_responses_request, response_events
 from prorl_server.gateway.sessions import SessionRegistry
+from prorl_server.request_body import openapi_body
 
 router = APIRouter(tags=["gateway"])
 

@@ -7,6 +7,8 @@ FastAPI's 422 shape (`{"detail": [{"loc": ["body", ...], "msg", "type"}]}`).
 The work a hostile body can cause stays bounded: the body size is limited by BodyLimitMiddleware, and
 unknown top-level fields are rejected before validation (a body of a million unknown fields would
 otherwise cost a million validation errors, each holding its input, while the event loop waits).
+
+A leaf module, below both the API's routers and the gateway's.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from prorl_server.api.errors import MAX_ERRORS
-
 M = TypeVar("M", bound=BaseModel)
+
+MAX_ERRORS = 20
+"""Validation errors reported per request; a note replaces the rest (api/errors.py shortens a 422 to it)."""
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

@@ -3,6 +3,9 @@
 `FORMATS` holds one per family by name; `detect_format(chat_template)` recognises the family from its chat
 template (most specific family first), and `backend_format` applies the `--tool-call-format` setting to one
 backend. Each format's module says what its calls look like.
+
+A leaf package (it imports nothing else of prorl_server): the agent loop parses a model's turns with it, the
+gateway parses and renders them for OpenAI and Anthropic clients.
 """
 
 from __future__ import annotations
@@ -12,19 +15,19 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from prorl_server.agent.tool_formats.base import (
+from prorl_server.tool_formats.base import (
     MalformedCall,
     Parsed,
     ToolCall,
     ToolCallFormat,
     ToolSchemas,
 )
-from prorl_server.agent.tool_formats.deepseek_v3 import DeepSeekV3Format
-from prorl_server.agent.tool_formats.gpt_oss import GptOssFormat
-from prorl_server.agent.tool_formats.hermes import HermesFormat
-from prorl_server.agent.tool_formats.llama3_json import Llama3JsonFormat
-from prorl_server.agent.tool_formats.mistral import MistralFormat
-from prorl_server.agent.tool_formats.qwen3_coder import Qwen3CoderFormat
+from prorl_server.tool_formats.deepseek_v3 import DeepSeekV3Format
+from prorl_server.tool_formats.gpt_oss import GptOssFormat
+from prorl_server.tool_formats.hermes import HermesFormat
+from prorl_server.tool_formats.llama3_json import Llama3JsonFormat
+from prorl_server.tool_formats.mistral import MistralFormat
+from prorl_server.tool_formats.qwen3_coder import Qwen3CoderFormat
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prorl_server.agent.tool_formats.base import (
+from prorl_server.tool_formats.base import (
     MalformedCall,
     Parsed,
     ToolCall,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from prorl_server.agent.tool_formats.base import (
+from prorl_server.tool_formats.base import (
     MalformedCall,
     Parsed,
     ToolCall,
