@@ -128,7 +128,7 @@ def submit_groups(
             if job_timeout is not None:
                 body["timeout"] = job_timeout
             requests.append(body)
-    client.submit_many(requests)
+    client.jobs.submit_many(requests)
     return groups
 
 
@@ -137,11 +137,11 @@ def cancel_all(client: SyncRolloutClient, job_ids: Iterable[str]) -> None:
     job_ids = list(job_ids)
     for job_id in job_ids:
         try:
-            client.cancel(job_id)
+            client.jobs.cancel(job_id)
         except RolloutServerError as exc:
             print(f"  could not cancel {job_id}: {exc}", file=sys.stderr)
     try:
-        client.ack(job_ids=job_ids)
+        client.jobs.ack(job_ids=job_ids)
     except RolloutServerError as exc:
         print(f"  could not acknowledge the cancelled jobs: {exc}", file=sys.stderr)
 
@@ -150,7 +150,7 @@ def collect(client: SyncRolloutClient, groups: list[Group], deadline_s: float, p
     """Stream results until every job is terminal or the deadline passes; print as they arrive."""
     by_job = {job_id: group for group in groups for job_id in group.job_ids}
     total = len(by_job)
-    results = client.as_completed(by_job, ack=True, timeout=deadline_s, wait=poll_wait, limit=limit)
+    results = client.jobs.as_completed(by_job, ack=True, timeout=deadline_s, wait=poll_wait, limit=limit)
     for received, result in enumerate(results, start=1):
         group = by_job[result.job_id]
         group.results[result.job_id] = result
@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                     why = info.error if info else f"not registered (known: {', '.join(sorted(handlers)) or 'none'})"
                     raise RolloutServerError(f"handler {name!r} is unavailable on {server}: {why}")
         if args.llm_server:
-            assignment = client.register_backends(args.llm_server, args.weight_version)
+            assignment = client.backends.register(args.llm_server, args.weight_version)
             for server, addresses in assignment.items():
-                for info in client.llm_servers(server=server).servers:
+                for info in client.backends.list(server=server).servers:
                     if info.address in addresses:
                         print(f"registered LLM backend {info.address} (healthy={info.healthy})")
         groups = submit_groups(

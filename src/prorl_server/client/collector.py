@@ -38,7 +38,8 @@ from types import TracebackType
 from typing import Any
 
 from prorl_server.client.errors import RolloutServerError
-from prorl_server.client.rollout_client import GroupRequestLike, RolloutClient
+from prorl_server.client.resources.groups import GroupRequestLike
+from prorl_server.client.rollout_client import RolloutClient
 from prorl_server.client.sync import SyncRolloutClient
 from prorl_server.protocol import GroupRequest, GroupResult, GroupStatus, JobStatus
 
@@ -329,7 +330,7 @@ class DapoCollector:
         if not requests:
             return
         outcomes = await asyncio.gather(
-            *(self.client.submit_group(request) for request in requests), return_exceptions=True
+            *(self.client.groups.submit(request) for request in requests), return_exceptions=True
         )
         failure: BaseException | None = None
         for outcome in outcomes:
@@ -338,7 +339,7 @@ class DapoCollector:
                 continue
             report.groups_launched += 1
             self._running[outcome] = asyncio.get_running_loop().create_task(
-                self.client.wait_group(outcome), name=f"prorl-dapo-{outcome}"
+                self.client.groups.wait(outcome), name=f"prorl-dapo-{outcome}"
             )
         fill.mark(time.monotonic(), self._underfilled())
         if failure is not None:
@@ -397,7 +398,7 @@ class DapoCollector:
         for _, task in running:
             task.cancel()
         await asyncio.gather(*(task for _, task in running), return_exceptions=True)
-        answers = await asyncio.gather(*(self.client.cancel_group(gid) for gid, _ in running), return_exceptions=True)
+        answers = await asyncio.gather(*(self.client.groups.cancel(gid) for gid, _ in running), return_exceptions=True)
         for (gid, _), answer in zip(running, answers, strict=True):
             report.groups_cancelled += 1
             if isinstance(answer, GroupResult):
@@ -414,7 +415,7 @@ class DapoCollector:
             return
         job_ids = [member.job_id for group in groups for member in group.members]
         try:
-            await self.client.ack(job_ids=job_ids)
+            await self.client.jobs.ack(job_ids=job_ids)
         except RolloutServerError as exc:
             log.warning("could not acknowledge %d member results: %s", len(job_ids), exc)
 
