@@ -2,11 +2,12 @@
 
 What an RL trainer (GRPO, DAPO, ...) does each step, with `prorl_server.client.SyncRolloutClient`:
 
-1. `add_llm_server` for each vLLM backend (optional when the server was started with --llm-server);
-2. `submit_many`: N samples of every prompt, each with its own `job_id` (a *group* per prompt); a submit
-   the client retries (connection error, timeout, 502/503/504) carries the same id, so no job runs twice;
-3. `as_completed(job_ids, ack=True)`: finished results as they arrive (`GET /jobs` long polls), each
-   acknowledged once received (the server keeps results until then, so a trainer that reconnects loses none);
+1. `client.backends.register` for the vLLM backends (optional when the server was started with --llm-server);
+2. `client.jobs.submit_many`: N samples of every prompt, each with its own `job_id` (a *group* per prompt); a
+   submit the client retries (connection error, timeout, 502/503/504) carries the same id, so no job runs twice;
+3. `client.jobs.as_completed(job_ids, ack=True)`: finished results as they arrive (`GET /jobs` long polls),
+   each acknowledged once received (the server keeps results until then, so a trainer that reconnects loses
+   none);
 4. per-job reward, turns and token counts, and per-group reward mean and variance (the GRPO signal).
 
 Example, against a server running the example Countdown handler:
