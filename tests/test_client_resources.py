@@ -13,10 +13,12 @@ from prorl_server.auth_key import API_KEY_FILE_ENV
 from prorl_server.client import (
     APIResource,
     Backends,
+    DapoCollector,
     Groups,
     Jobs,
     RetryPolicy,
     RolloutClient,
+    SyncDapoCollector,
     SyncResultStream,
     SyncRolloutClient,
     Weights,
@@ -75,6 +77,7 @@ async def test_the_async_client_is_grouped_by_resource():
 def test_every_async_method_has_a_sync_twin_with_its_signature():
     pairs = [(RolloutClient, SyncRolloutClient)]
     pairs += [(resource, sync_resource_class(resource)) for resource in RolloutClient.RESOURCES.values()]
+    pairs.append((DapoCollector, SyncDapoCollector))
     for async_class, sync_class in pairs:
         assert issubclass(sync_class, SyncResource) and sync_class.__name__ == f"Sync{async_class.__name__}"
         expected = public(async_class) - {"aclose"}  # the sync client has close() instead

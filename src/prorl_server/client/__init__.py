@@ -9,14 +9,9 @@ runs DAPO's dynamic sampling on server-side groups: informative groups as soon a
 servers kept full, unfinished groups carried over into the next step.
 """
 
-from prorl_server.client.collector import (
-    DapoCollector,
-    IdleWorkerMeter,
-    StepReport,
-    SyncDapoCollector,
-    reward_variance_positive,
-)
+from prorl_server.client.collector import DapoCollector, StepReport, reward_variance_positive
 from prorl_server.client.errors import RolloutServerError
+from prorl_server.client.idle_meter import IdleWorkerMeter
 from prorl_server.client.placement import assign_backends
 from prorl_server.client.resources import APIResource, Backends, Groups, Jobs, Weights
 from prorl_server.client.retry import RetryPolicy
@@ -24,6 +19,7 @@ from prorl_server.client.rollout_client import RolloutClient
 from prorl_server.client.stream import Cursor, ResultStream
 from prorl_server.client.sync import (
     SyncBackends,
+    SyncDapoCollector,
     SyncGroups,
     SyncJobs,
     SyncResource,

@@ -6,6 +6,7 @@ method of it gets a blocking twin at class creation: a coroutine method runs on 
 async generator method becomes an iterator, a plain method whose answer is an async iterator (a
 ResultStream) hands back a SyncResultStream, and a property reads through. A method added to an async
 resource (or a resource added to `RolloutClient.RESOURCES`) thus appears on the sync client by itself.
+SyncDapoCollector is DapoCollector's twin made the same way.
 
 Typing: the generated methods are real functions, with the async methods' signatures, docstrings and
 answers (`inspect.signature`, `help()`); for static checkers, a SyncResource answers any attribute as `Any`.
@@ -22,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from prorl_server.client.collector import DapoCollector, RequestSource, StepReport
 from prorl_server.client.deprecated import add_deprecated_aliases
 from prorl_server.client.resources import APIResource, Backends, Groups, Jobs, Weights
 from prorl_server.client.rollout_client import RolloutClient
@@ -238,6 +240,30 @@ class SyncRolloutClient(SyncResource, twin_of=RolloutClient, skip=frozenset({"ac
 add_deprecated_aliases(
     SyncRolloutClient, {name: SyncResource._twins[cls] for name, cls in RolloutClient.RESOURCES.items()}
 )
+
+
+class SyncDapoCollector(SyncResource, twin_of=DapoCollector, skip=frozenset({"aclose"})):
+    """Blocking twin of DapoCollector on a SyncRolloutClient's loop thread (same arguments after the client),
+    generated as the client is.
+
+    with SyncRolloutClient(url) as client, SyncDapoCollector(client, prompts, target_groups=32,
+                                                              max_groups_in_flight=48) as collector:
+        report = collector.collect_step()
+    """
+
+    def __init__(self, client: SyncRolloutClient, requests: RequestSource, **options: Any) -> None:
+        self.collector = DapoCollector(client.client, requests, **options)
+        super().__init__(client, self.collector)
+
+    def close(self) -> StepReport:
+        """See DapoCollector.aclose."""
+        return self._owner._run(self.collector.aclose())
+
+    def __enter__(self) -> SyncDapoCollector:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
 
 async def _build(servers: str | Sequence[str], options: dict[str, Any]) -> RolloutClient:
