@@ -118,9 +118,9 @@ async def batch_by_batch(client: RolloutClient, args: argparse.Namespace) -> dic
         members: list[str] = []
         while len(report.groups) < args.target:
             batch = [next(source) for _ in range(args.target)]
-            ids = await asyncio.gather(*(client.submit_group(request) for request in batch))
+            ids = await asyncio.gather(*(client.groups.submit(request) for request in batch))
             report.groups_launched += len(ids)
-            for group in await asyncio.gather(*(client.wait_group(gid) for gid in ids)):
+            for group in await asyncio.gather(*(client.groups.wait(gid) for gid in ids)):
                 members += [m.job_id for m in group.members]
                 report.groups_finished += 1
                 finished = sum(m.status.value in ("completed", "failed", "timeout") for m in group.members)
@@ -140,7 +140,7 @@ async def batch_by_batch(client: RolloutClient, args: argparse.Namespace) -> dic
                     report.groups_failed += 1
         report.idle_worker_s, report.worker_s = await meter.stop()
         report.wall_s = time.monotonic() - started
-        await client.ack(job_ids=members)
+        await client.jobs.ack(job_ids=members)
         steps.append({**report.figures(), "groups_surplus": surplus})
         print_step("batch", steps[-1])
     return {"steps": steps, "summary": summarize(steps)}

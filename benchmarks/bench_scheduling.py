@@ -245,7 +245,7 @@ def scrape(sims: list[str]) -> dict[str, float]:
 
 async def migrations(client: RolloutClient) -> int:
     """Trajectories moved between backends so far (GET /llm_servers)."""
-    return sum(server.migrations for server in (await client.llm_servers()).servers)
+    return sum(server.migrations for server in (await client.backends.list()).servers)
 
 
 async def run_epoch(client: RolloutClient, plans: list[dict[str, Any]], tag: str) -> tuple[float, list[Any]]:
@@ -255,14 +255,14 @@ async def run_epoch(client: RolloutClient, plans: list[dict[str, Any]], tag: str
     accepted: dict[str, float] = {}
 
     async def submit(request: dict[str, Any]) -> str:
-        job_id = await client.submit(request)
+        job_id = await client.jobs.submit(request)
         accepted[job_id] = time.monotonic()
         return job_id
 
     started = time.monotonic()
     ids = await asyncio.gather(*(submit(request) for request in requests))
     by_id = {}
-    async for result in client.as_completed(ids, ack=True, timeout=600, wait=1.0):
+    async for result in client.jobs.as_completed(ids, ack=True, timeout=600, wait=1.0):
         by_id[result.job_id] = result
     if len(by_id) < len(ids):
         raise TimeoutError(f"{len(ids) - len(by_id)} of {len(ids)} trajectories had no result after 600 s")

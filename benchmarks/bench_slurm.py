@@ -64,7 +64,7 @@ KEYS = ("ready_s", "first_rollout_s", "teardown_s")
 
 def first_rollout(client: SyncRolloutClient) -> None:
     """One rollout through the client; it must complete."""
-    result = client.process(REQUEST)
+    result = client.jobs.process(REQUEST)
     if result.status.value != "completed":
         raise RuntimeError(f"the first rollout ended {result.status.value}: {result.error}")
 
@@ -72,12 +72,12 @@ def first_rollout(client: SyncRolloutClient) -> None:
 def hold_sandboxes(client: SyncRolloutClient, timeout_s: float = 120.0) -> None:
     """Start HOLDING_PER_SERVER sandbox-holding jobs on each server; return once all of them are in RUN."""
     holding = [
-        client.submit({"instance": {"data_source": "sandbox_hold"}}, server=server)
+        client.jobs.submit({"instance": {"data_source": "sandbox_hold"}}, server=server)
         for server in client.servers
         for _ in range(HOLDING_PER_SERVER)
     ]
     deadline = time.monotonic() + timeout_s
-    while not all(client.get(job_id).status.value == "run" for job_id in holding):
+    while not all(client.jobs.get(job_id).status.value == "run" for job_id in holding):
         if time.monotonic() > deadline:
             raise RuntimeError(f"sandbox-holding jobs not all in RUN within {timeout_s} s")
         time.sleep(0.1)
@@ -123,7 +123,7 @@ def run_direct(log_dir: Path) -> dict[str, float]:
         backends = [stack.dev_llm("--slots", "1", "--n-ctx", "2048") for _ in range(2)]
         servers = [stack.server(*SERVER_FLAGS) for _ in range(2)]
         with SyncRolloutClient(servers, trust_env=False) as client:
-            client.register_backends(backends)
+            client.backends.register(backends)
             ready = time.monotonic() - started
             first_rollout(client)
             rollout = time.monotonic() - started

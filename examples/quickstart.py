@@ -80,10 +80,10 @@ def run_demo(stack: LocalStack, args: argparse.Namespace) -> int:
     # loopback only: ignore proxy settings; the client sends the server's key ($PRORL_API_KEY when set, which the
     # server inherits, else the key in the user's key file, which the server made if it had to)
     with SyncRolloutClient(server, timeout=60.0, trust_env=False) as client:
-        client.submit_many(requests)
+        client.jobs.submit_many(requests)
         print(f"[3/4] submitted {len(jobs)} jobs ({len(problems)} tasks x {args.samples} samples); waiting")
         started = time.monotonic()
-        results = {r.job_id: r for r in client.as_completed(jobs, progress="  jobs", ack=True)}
+        results = {r.job_id: r for r in client.jobs.as_completed(jobs, progress="  jobs", ack=True)}
         wall = time.monotonic() - started
 
     print("[4/4] results")

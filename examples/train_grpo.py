@@ -201,12 +201,12 @@ def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[
 
     tasks = learning_tasks("held_out")[: config.held_out_words]
     agent = {"max_turns": config.max_turns}
-    greedy_ids = client.submit_many(
+    greedy_ids = client.jobs.submit_many(
         {"instance": t, "sampling_params": {"temperature": 0.0, "max_tokens": config.max_tokens}, "agent_config": agent}
         for t in tasks
     )
     group_ids = [
-        client.submit_group(
+        client.groups.submit(
             {
                 "instance": t,
                 "n": config.eval_samples,
@@ -216,10 +216,10 @@ def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[
         )
         for i, t in enumerate(tasks)
     ]
-    greedy = [r.reward or 0.0 for r in client.collect(greedy_ids, ack=True)]
+    greedy = [r.reward or 0.0 for r in client.jobs.collect(greedy_ids, ack=True)]
     sampled: list[list[float]] = []
     for group_id in group_ids:
-        group = client.wait_group(group_id, timeout=600)
+        group = client.groups.wait(group_id, timeout=600)
         sampled.append([m.reward or 0.0 for m in group.members])
     flat = [r for rewards in sampled for r in rewards]
     return {
@@ -359,7 +359,7 @@ def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: b
         SyncRolloutClient(server, timeout=120.0, trust_env=False) as client,
     ):
         sync = CheckpointSync(client, Path(ckpt))
-        client.swap_weights(0)  # the initial policy is version 0
+        client.weights.swap(0)  # the initial policy is version 0
         mode = "trained" if config.update else "control (weight update off)"
         say(
             f"[3/3] {config.steps} steps of {config.groups} informative groups x {config.group_size} samples, "
@@ -390,7 +390,7 @@ def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: b
                         break
                 # nothing samples while the trainer has the cores; should this process die before the swap,
                 # the pause lifts by itself after the server's --weight-pause-lease
-                client.pause_weights()
+                client.weights.pause()
                 rollout_s = time.monotonic() - t0
                 results = [r for g in groups for r in g.results]
                 advantages = [a for g in groups for a in group_advantages([r.reward or 0.0 for r in g.results])]
@@ -407,7 +407,7 @@ def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: b
                     timing = sync.push(learner.model, step + 1)  # reload while paused, then resume
                     version, save_s, sync_s = step + 1, timing.save_s, timing.total_s
                 else:
-                    client.resume_weights()
+                    client.weights.resume()
                 bar.update(1)
                 bar.close()
                 seen = sorted({v for r in results for v in r.trajectory.weight_versions if isinstance(v, int)})

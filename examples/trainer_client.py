@@ -2,11 +2,12 @@
 
 What an RL trainer (GRPO, DAPO, ...) does each step, with `prorl_server.client.SyncRolloutClient`:
 
-1. `add_llm_server` for each vLLM backend (optional when the server was started with --llm-server);
-2. `submit_many`: N samples of every prompt, each with its own `job_id` (a *group* per prompt); a submit
-   the client retries (connection error, timeout, 502/503/504) carries the same id, so no job runs twice;
-3. `as_completed(job_ids, ack=True)`: finished results as they arrive (`GET /jobs` long polls), each
-   acknowledged once received (the server keeps results until then, so a trainer that reconnects loses none);
+1. `client.backends.register` for the vLLM backends (optional when the server was started with --llm-server);
+2. `client.jobs.submit_many`: N samples of every prompt, each with its own `job_id` (a *group* per prompt); a
+   submit the client retries (connection error, timeout, 502/503/504) carries the same id, so no job runs twice;
+3. `client.jobs.as_completed(job_ids, ack=True)`: finished results as they arrive (`GET /jobs` long polls),
+   each acknowledged once received (the server keeps results until then, so a trainer that reconnects loses
+   none);
 4. per-job reward, turns and token counts, and per-group reward mean and variance (the GRPO signal).
 
 Example, against a server running the example Countdown handler:
@@ -128,7 +129,7 @@ def submit_groups(
             if job_timeout is not None:
                 body["timeout"] = job_timeout
             requests.append(body)
-    client.submit_many(requests)
+    client.jobs.submit_many(requests)
     return groups
 
 
@@ -137,11 +138,11 @@ def cancel_all(client: SyncRolloutClient, job_ids: Iterable[str]) -> None:
     job_ids = list(job_ids)
     for job_id in job_ids:
         try:
-            client.cancel(job_id)
+            client.jobs.cancel(job_id)
         except RolloutServerError as exc:
             print(f"  could not cancel {job_id}: {exc}", file=sys.stderr)
     try:
-        client.ack(job_ids=job_ids)
+        client.jobs.ack(job_ids=job_ids)
     except RolloutServerError as exc:
         print(f"  could not acknowledge the cancelled jobs: {exc}", file=sys.stderr)
 
@@ -150,7 +151,7 @@ def collect(client: SyncRolloutClient, groups: list[Group], deadline_s: float, p
     """Stream results until every job is terminal or the deadline passes; print as they arrive."""
     by_job = {job_id: group for group in groups for job_id in group.job_ids}
     total = len(by_job)
-    results = client.as_completed(by_job, ack=True, timeout=deadline_s, wait=poll_wait, limit=limit)
+    results = client.jobs.as_completed(by_job, ack=True, timeout=deadline_s, wait=poll_wait, limit=limit)
     for received, result in enumerate(results, start=1):
         group = by_job[result.job_id]
         group.results[result.job_id] = result
@@ -212,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                     why = info.error if info else f"not registered (known: {', '.join(sorted(handlers)) or 'none'})"
                     raise RolloutServerError(f"handler {name!r} is unavailable on {server}: {why}")
         if args.llm_server:
-            assignment = client.register_backends(args.llm_server, args.weight_version)
+            assignment = client.backends.register(args.llm_server, args.weight_version)
             for server, addresses in assignment.items():
-                for info in client.llm_servers(server=server).servers:
+                for info in client.backends.list(server=server).servers:
                     if info.address in addresses:
                         print(f"registered LLM backend {info.address} (healthy={info.healthy})")
         groups = submit_groups(

@@ -113,7 +113,7 @@ def swap(client: SyncRolloutClient, version: int) -> float:
     """`POST /weights/swap` through the client: pause (calls in flight finish), set the version, resume;
     returns the seconds it took."""
     started = time.monotonic()
-    client.swap_weights(version, mode="wait")
+    client.weights.swap(version, mode="wait")
     return time.monotonic() - started
 
 

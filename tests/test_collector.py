@@ -83,33 +83,33 @@ def live_jobs(server) -> int:
 
 async def test_group_calls_round_trip_with_typed_answers(ctl_server):
     async with RolloutClient(ctl_server.url, retry=FAST_RETRY) as client:
-        gid = await client.submit_group(group(INFORMATIVE, delay=0.3))
-        assert client.server_of_group(gid) == ctl_server.url
-        assert client.server_of(f"{gid}:0") == ctl_server.url  # the members are the client's jobs too
-        running = await client.group(gid)
+        gid = await client.groups.submit(group(INFORMATIVE, delay=0.3))
+        assert client.groups.server_of(gid) == ctl_server.url
+        assert client.jobs.server_of(f"{gid}:0") == ctl_server.url  # the members are the client's jobs too
+        running = await client.groups.get(gid)
         assert isinstance(running, GroupResult) and running.status is GroupStatus.RUNNING
         assert [m.job_id for m in running.members] == [f"{gid}:0", f"{gid}:1"] and running.results == []
 
-        decided = await client.wait_group(gid, timeout=10)
+        decided = await client.groups.wait(gid, timeout=10)
         assert decided.status is GroupStatus.COMPLETED and decided.usable == 2
         assert sorted(r.reward for r in decided.results) == [0.0, 1.0]
-        assert (await client.group(gid, wait=5)) == decided
+        assert (await client.groups.get(gid, wait=5)) == decided
 
         # the same request under the same id is the same group; the model works as well as a dict
-        again = await client.submit_group(
+        again = await client.groups.submit(
             GroupRequest.model_validate({**group(INFORMATIVE, delay=0.3), "group_id": gid})
         )
-        assert again == gid and (await client.group(gid)) == decided
-        assert (await client.wait(f"{gid}:1", timeout=5)).status is JobStatus.COMPLETED
+        assert again == gid and (await client.groups.get(gid)) == decided
+        assert (await client.jobs.wait(f"{gid}:1", timeout=5)).status is JobStatus.COMPLETED
 
-        slow = await client.submit_group(group(INFORMATIVE, delay=30, group_id="slow"))
+        slow = await client.groups.submit(group(INFORMATIVE, delay=30, group_id="slow"))
         assert slow == "slow"
         with pytest.raises(TimeoutError):
-            await client.wait_group(slow, timeout=0.3)
-        cancelled = await client.cancel_group(slow)
+            await client.groups.wait(slow, timeout=0.3)
+        cancelled = await client.groups.cancel(slow)
         assert cancelled.status is GroupStatus.FAILED and cancelled.usable == 0
         assert {m.status for m in cancelled.members} == {JobStatus.CANCELLED}
-        assert (await client.cancel_group(slow)) == cancelled  # idempotent
+        assert (await client.groups.cancel(slow)) == cancelled  # idempotent
 
 
 async def test_a_retried_group_submit_whose_first_attempt_got_through_launches_once(ctl_server):
@@ -117,10 +117,10 @@ async def test_a_retried_group_submit_whose_first_attempt_got_through_launches_o
     thread = UvicornThread(proxy.app).start()
     try:
         async with RolloutClient(thread.url, retry=FAST_RETRY, timeout=0.3) as client:
-            gid = await client.submit_group(group(INFORMATIVE, delay=2.0))
+            gid = await client.groups.submit(group(INFORMATIVE, delay=2.0))
             assert proxy.seen == ["POST /groups", "POST /groups"]
             assert live_jobs(ctl_server) == 2, "the members run once"
-            await client.cancel_group(gid)
+            await client.groups.cancel(gid)
     finally:
         thread.stop()
 
@@ -147,11 +147,11 @@ class HangOnceProxy:
 
 def test_sync_client_mirrors_the_group_calls(ctl_server):
     with SyncRolloutClient(ctl_server.url, retry=FAST_RETRY) as client:
-        gid = client.submit_group(group(ZERO_VARIANCE, group_id="sync-g"))
-        assert gid == "sync-g" and client.server_of_group(gid) == ctl_server.url
-        decided = client.wait_group(gid, timeout=10)
-        assert decided.status is GroupStatus.COMPLETED and client.group(gid) == decided
-        assert client.cancel_group(gid).status is GroupStatus.COMPLETED  # already decided: nothing to cancel
+        gid = client.groups.submit(group(ZERO_VARIANCE, group_id="sync-g"))
+        assert gid == "sync-g" and client.groups.server_of(gid) == ctl_server.url
+        decided = client.groups.wait(gid, timeout=10)
+        assert decided.status is GroupStatus.COMPLETED and client.groups.get(gid) == decided
+        assert client.groups.cancel(gid).status is GroupStatus.COMPLETED  # already decided: nothing to cancel
 
 
 # the collector -------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ async def test_groups_running_at_the_target_are_carried_over_into_the_next_step(
         assert [g.group_id for g in first.groups] == ["a", "b"]
         assert collector.running == ["slow", "c"] and first.groups_carried_over == 2
         assert first.groups_cancelled == 0 and first.rollouts_cancelled == 0
-        assert (await client.group("slow")).status is GroupStatus.RUNNING  # not cancelled, still running
+        assert (await client.groups.get("slow")).status is GroupStatus.RUNNING  # not cancelled, still running
 
         await asyncio.sleep(1.0)  # the trainer trains; the carried groups keep running
         started = time.monotonic()
@@ -219,7 +219,7 @@ async def test_without_carry_over_the_groups_still_running_are_cancelled(ctl_ser
             assert [g.group_id for g in report.groups] == ["quick"]
             assert report.groups_cancelled == 1 and report.groups_carried_over == 0 and collector.running == []
             assert report.rollouts_cancelled == 2 and report.rollouts_wasted == 2
-            stuck = await client.group("stuck")
+            stuck = await client.groups.get("stuck")
             assert stuck.status is not GroupStatus.RUNNING
             assert {m.status for m in stuck.members} == {JobStatus.CANCELLED}
     assert live_jobs(ctl_server) == 0

@@ -57,29 +57,29 @@ async def test_submit_wait_process_stream_ack_and_cancel_with_typed_answers(serv
         assert isinstance(health, HealthResponse) and health.running
         assert {"multiturn", "noop"} <= {h.data_source for h in await client.handlers()}
 
-        job_id = await client.submit({"instance": {"data_source": "multiturn", "question": "6 x 7?"}})
+        job_id = await client.jobs.submit({"instance": {"data_source": "multiturn", "question": "6 x 7?"}})
         assert re.fullmatch(r"[0-9a-f]{32}", job_id)  # the client made the id up
-        result = await client.wait(job_id, timeout=10)
+        result = await client.jobs.wait(job_id, timeout=10)
         assert isinstance(result, JobResult) and result.status is JobStatus.COMPLETED
         assert result.reward == 1.0 and len(result.trajectory.turns) == 2
         assert result.artifacts["answer"] == "DONE: 42"
 
-        processed = await client.process(ProcessRequest(instance={"data_source": "noop"}, job_id="p1"))
+        processed = await client.jobs.process(ProcessRequest(instance={"data_source": "noop"}, job_id="p1"))
         assert (processed.job_id, processed.status, processed.reward) == ("p1", JobStatus.COMPLETED, 1.0)
 
-        stream = client.stream_results(wait=1, ack=True, timeout=5)
+        stream = client.jobs.stream(wait=1, ack=True, timeout=5)
         async with stream:
             seen = [r async for r in _take(stream, 2)]
         assert [r.job_id for r in seen] == [job_id, "p1"] and all(isinstance(r, JobResult) for r in seen)
         assert stream.cursor == {server.url: 2}
         with pytest.raises(RolloutServerError) as gone:  # acknowledged: dropped from the server
-            await client.get(job_id)
+            await client.jobs.get(job_id)
         assert gone.value.status_code == 404
 
-        slow = await client.submit(SLOW)
-        cancelled = await client.cancel(slow)
+        slow = await client.jobs.submit(SLOW)
+        cancelled = await client.jobs.cancel(slow)
         assert isinstance(cancelled, CancelResponse) and cancelled.job_id == slow
-        final = await client.wait(slow, timeout=10)
+        final = await client.jobs.wait(slow, timeout=10)
         assert final.status is JobStatus.CANCELLED and final.error is not None
 
 
@@ -103,35 +103,35 @@ async def test_api_key_argument_and_environment(start_server, backend, monkeypat
         assert (await anonymous.health()).status == "ok"  # the one open path
     async with RolloutClient(server.url, api_key="s3cret") as keyed:
         assert isinstance(await keyed.status(), StatusResponse)
-        assert (await keyed.process(NOOP)).reward == 1.0
+        assert (await keyed.jobs.process(NOOP)).reward == 1.0
     monkeypatch.setenv(API_KEY_ENV, "s3cret")
     async with RolloutClient(server.url) as from_env:
         assert (await from_env.status()).running
     async with RolloutClient(server.url, api_key="wrong") as wrong:
         with pytest.raises(RolloutServerError, match="401"):
-            await wrong.submit(NOOP)
+            await wrong.jobs.submit(NOOP)
 
 
 async def test_http_errors_become_rollout_server_errors(server):
     async with RolloutClient(server.url, retry=FAST_RETRY) as client:
         with pytest.raises(RolloutServerError) as unknown_source:
-            await client.submit({"instance": {"data_source": "nosuch"}})
+            await client.jobs.submit({"instance": {"data_source": "nosuch"}})
         assert unknown_source.value.status_code == 400
         assert "nosuch" in unknown_source.value.detail and "multiturn" in unknown_source.value.detail
         assert "the request or instance is invalid" in str(unknown_source.value)
 
         with pytest.raises(RolloutServerError) as unknown_job:
-            await client.wait("ghost")
+            await client.jobs.wait("ghost")
         assert unknown_job.value.status_code == 404 and "ghost" in unknown_job.value.detail
         with pytest.raises(RolloutServerError) as cancel_unknown:
-            await client.cancel("ghost")
+            await client.jobs.cancel("ghost")
         assert cancel_unknown.value.status_code == 404
 
-        await client.submit({**SLOW, "job_id": "twice"})
+        await client.jobs.submit({**SLOW, "job_id": "twice"})
         with pytest.raises(RolloutServerError) as duplicate:  # a 409 on a first attempt is an error
-            await client.submit({**NOOP, "job_id": "twice"})
+            await client.jobs.submit({**NOOP, "job_id": "twice"})
         assert duplicate.value.status_code == 409
-        await client.cancel("twice")
+        await client.jobs.cancel("twice")
 
     async with RolloutClient(f"http://127.0.0.1:{free_port()}", retry=RetryPolicy(attempts=2, base_delay_s=0.01)) as c:
         with pytest.raises(RolloutServerError) as unreachable:
@@ -190,34 +190,34 @@ def proxy_to(server) -> Iterator:
 async def test_submit_retries_503_and_succeeds(proxy_to, server):
     proxy, url = proxy_to(503, 503)
     async with RolloutClient(url, retry=FAST_RETRY) as client:
-        job_id = await client.submit(NOOP)
+        job_id = await client.jobs.submit(NOOP)
         assert proxy.seen == ["POST /jobs"] * 3
-        assert (await client.wait(job_id, timeout=10)).status is JobStatus.COMPLETED
+        assert (await client.jobs.wait(job_id, timeout=10)).status is JobStatus.COMPLETED
     assert server.http.get(f"/jobs/{job_id}").json()["status"] == "completed"
 
 
 async def test_a_retried_submit_whose_first_attempt_got_through_returns_the_same_job(proxy_to, server):
     proxy, url = proxy_to("hang")  # the server gets the job, the client's read times out
     async with RolloutClient(url, retry=FAST_RETRY, timeout=0.3) as client:
-        job_id = await client.submit({**SLOW, "job_id": "once"})
+        job_id = await client.jobs.submit({**SLOW, "job_id": "once"})
         assert job_id == "once" and proxy.seen == ["POST /jobs"] * 2
         live = (await client.status()).jobs
         assert sum(n for status, n in live.items() if status != "stored_results") == 1, "the job runs once"
-        await client.cancel("once")
-        assert (await client.wait("once", timeout=10)).status is JobStatus.CANCELLED
+        await client.jobs.cancel("once")
+        assert (await client.jobs.wait("once", timeout=10)).status is JobStatus.CANCELLED
 
 
 async def test_a_refused_request_is_not_retried_and_retries_give_up(proxy_to):
     proxy, url = proxy_to(400, 400, 400)
     async with RolloutClient(url, retry=FAST_RETRY) as client:
         with pytest.raises(RolloutServerError) as refused:
-            await client.submit(NOOP)
+            await client.jobs.submit(NOOP)
     assert refused.value.status_code == 400 and proxy.seen == ["POST /jobs"]
 
     proxy, url = proxy_to(*[503] * 10)
     async with RolloutClient(url, retry=RetryPolicy(attempts=3, base_delay_s=0.01)) as client:
         with pytest.raises(RolloutServerError) as unavailable:
-            await client.submit(NOOP)
+            await client.jobs.submit(NOOP)
     assert unavailable.value.status_code == 503 and "after 3 attempts" in str(unavailable.value)
     assert proxy.seen == ["POST /jobs"] * 3
 
@@ -227,7 +227,7 @@ async def test_a_server_not_up_yet_is_retried_until_it_answers(proxy_to):
     proxy, url = proxy_to(port=port, delay_s=0.4)  # nothing listens for the first 0.4 s
     retry = RetryPolicy(attempts=20, budget_s=10.0, base_delay_s=0.05, max_delay_s=0.1)
     async with RolloutClient(url, retry=retry) as client:
-        result = await client.wait(await client.submit(NOOP), timeout=10)
+        result = await client.jobs.wait(await client.jobs.submit(NOOP), timeout=10)
     assert result.status is JobStatus.COMPLETED and proxy.seen[0] == "POST /jobs"
 
 
@@ -235,18 +235,18 @@ async def test_jobs_go_to_the_less_loaded_server_and_results_are_merged(start_se
     busy = start_server([backend.address])
     idle = start_server([backend.address])
     async with RolloutClient([busy.url, idle.url], retry=FAST_RETRY, load_refresh_s=60) as even:
-        spread = await even.submit_many([NOOP] * 4)
-        assert sorted(even.server_of(j) for j in spread) == sorted([busy.url, idle.url] * 2)
-        await even.collect(spread, timeout=10)
+        spread = await even.jobs.submit_many([NOOP] * 4)
+        assert sorted(even.jobs.server_of(j) for j in spread) == sorted([busy.url, idle.url] * 2)
+        await even.jobs.collect(spread, timeout=10)
 
     slow_ids = [busy.http.post("/jobs", json=SLOW).json()["job_id"] for _ in range(6)]
     async with RolloutClient([idle.url, busy.url], retry=FAST_RETRY, load_refresh_s=60) as client:
-        job_ids = await client.submit_many([NOOP] * 4)
-        assert {client.server_of(j) for j in job_ids} == {idle.url}
+        job_ids = await client.jobs.submit_many([NOOP] * 4)
+        assert {client.jobs.server_of(j) for j in job_ids} == {idle.url}
         for slow in slow_ids:  # not submitted by this client: found on the server that has it
-            assert (await client.cancel(slow)).job_id == slow
+            assert (await client.jobs.cancel(slow)).job_id == slow
 
-        async with client.stream_results(wait=1, ack=True, timeout=10) as stream:
+        async with client.jobs.stream(wait=1, ack=True, timeout=10) as stream:
             results = [r async for r in _take(stream, 14)]
         assert sorted(r.job_id for r in results) == sorted(spread + slow_ids + job_ids)
         assert {r.job_id for r in results if r.status is JobStatus.CANCELLED} == set(slow_ids)
@@ -284,42 +284,42 @@ async def test_register_backends_calls_add_llm_server_per_assignment(start_serve
     local = [start_backend().address, start_backend().address]
     remote = "http://backend.invalid:8000/v1"
     async with RolloutClient([first.url, second.url], retry=FAST_RETRY) as client:
-        assignment = await client.register_backends([remote, *local], weight_version=7)
+        assignment = await client.backends.register([remote, *local], weight_version=7)
         assert assignment == {first.url: [local[0], remote], second.url: [local[1]]}
         for url, addresses in assignment.items():
-            listed = (await client.llm_servers(server=url)).servers
+            listed = (await client.backends.list(server=url)).servers
             assert sorted(s.address for s in listed) == sorted(addresses)
             assert {s.weight_version for s in listed} == {7}
-        info = await client.add_llm_server(local[0], weight_version=8, tags={"node": 0}, server=second.url)
+        info = await client.backends.add(local[0], weight_version=8, tags={"node": 0}, server=second.url)
         assert isinstance(info, LLMServerInfo) and (info.weight_version, info.tags) == (8, {"node": 0})
-        drained = await client.remove_llm_server(remote, server=first.url)
+        drained = await client.backends.remove(remote, server=first.url)
         assert drained.removed.address == remote and drained.drained and drained.remaining == 1
         with pytest.raises(RolloutServerError) as unknown:
-            await client.remove_llm_server(remote, server=first.url)
+            await client.backends.remove(remote, server=first.url)
         assert unknown.value.status_code == 404
-        assert await client.clear_llm_servers() == 3
-        assert (await client.llm_servers(server=first.url)).servers == []
+        assert await client.backends.clear() == 3
+        assert (await client.backends.list(server=first.url)).servers == []
 
 
 def test_sync_client_submits_collects_with_progress_and_streams(server, capsys):
     with SyncRolloutClient(server.url, retry=FAST_RETRY) as client:
         assert client.health().running
-        job_ids = client.submit_many([NOOP, NOOP, {**NOOP, "job_id": "mine"}])
+        job_ids = client.jobs.submit_many([NOOP, NOOP, {**NOOP, "job_id": "mine"}])
         assert job_ids[2] == "mine"
-        results = client.collect(job_ids, progress="rollouts", ack=True, timeout=10)
+        results = client.jobs.collect(job_ids, progress="rollouts", ack=True, timeout=10)
         assert sorted(r.job_id for r in results) == sorted(job_ids)
         assert all(isinstance(r, JobResult) and r.reward == 1.0 for r in results)
         bar = capsys.readouterr().err
         assert "rollouts" in bar and "3/3" in bar
         assert client.status().jobs["stored_results"] == 0  # acknowledged by id
-        assert client.collect([], timeout=None) == []  # nothing to wait for: no endless stream
+        assert client.jobs.collect([], timeout=None) == []  # nothing to wait for: no endless stream
 
-        client.process({**NOOP, "job_id": "later"})
-        with client.stream_results(wait=0.5, timeout=3) as stream:
+        client.jobs.process({**NOOP, "job_id": "later"})
+        with client.jobs.stream(wait=0.5, timeout=3) as stream:
             assert next(stream).job_id == "later"
         assert stream.cursor == {server.url: 4}
         with pytest.raises(RolloutServerError) as missing:
-            client.wait("ghost")
+            client.jobs.wait("ghost")
         assert missing.value.status_code == 404
     assert not [t for t in threading.enumerate() if t.name == "prorl-client-loop"]
     with pytest.raises(RuntimeError, match="closed"):
@@ -359,14 +359,14 @@ def test_the_readme_example_runs(server, capsys):
 def test_weight_calls_pause_update_resume_and_swap_every_server(start_server, backend):
     servers = [start_server([backend.address]), start_server([backend.address])]
     with SyncRolloutClient([s.url for s in servers], retry=FAST_RETRY) as client:
-        paused = client.pause_weights()
+        paused = client.weights.pause()
         assert set(paused) == {s.url for s in servers} and all(p.paused and p.drained for p in paused.values())
-        updated = client.update_weights(3)
+        updated = client.weights.update(3)
         assert {u.version for u in updated.values()} == {3}
-        assert all(not r.paused for r in client.resume_weights().values())
-        swapped = client.swap_weights(4, server=servers[0].url)
+        assert all(not r.paused for r in client.weights.resume().values())
+        swapped = client.weights.swap(4, server=servers[0].url)
         assert list(swapped) == [servers[0].url] and swapped[servers[0].url].version == 4
-        assert {url: w.version for url, w in client.weights().items()} == {servers[0].url: 4, servers[1].url: 3}
+        assert {url: w.version for url, w in client.weights.status().items()} == {servers[0].url: 4, servers[1].url: 3}
         with pytest.raises(RolloutServerError) as backwards:
-            client.swap_weights(2, server=servers[1].url)
+            client.weights.swap(2, server=servers[1].url)
         assert backwards.value.status_code == 409

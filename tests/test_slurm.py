@@ -42,9 +42,9 @@ def test_launch_registers_each_servers_backends_and_serves_rollouts_from_the_end
 
     with SyncRolloutClient.from_endpoints(slurm_service.endpoints_file, api_key=api_key, trust_env=False) as client:
         request = {"instance": QUESTION, "sampling_params": {"max_tokens": 8, "temperature": 0.7}}
-        job_ids = client.submit_many(request for _ in range(4))
-        results = client.collect(job_ids)
-        used = {client.server_of(job_id) for job_id in job_ids}
+        job_ids = client.jobs.submit_many(request for _ in range(4))
+        results = client.jobs.collect(job_ids)
+        used = {client.jobs.server_of(job_id) for job_id in job_ids}
     for result in results:
         assert result.status.value == "completed", result.error
         trajectory = result.trajectory
@@ -62,7 +62,7 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
     with SyncRolloutClient.from_endpoints(slurm_service.endpoints_file, api_key=api_key, trust_env=False) as client:
         holding = [
             # each takes 3 s to unwind once cancelled: the servers' graceful stop must be waited for
-            client.submit({"instance": {"data_source": "sandbox_hold", "unwind_s": 3}}, server=server)
+            client.jobs.submit({"instance": {"data_source": "sandbox_hold", "unwind_s": 3}}, server=server)
             for server in endpoints.servers
             for _ in range(2)
         ]
@@ -90,7 +90,7 @@ def test_scancel_of_the_servers_job_stops_everything_gracefully_and_leaves_nothi
 def all_running(client: SyncRolloutClient, job_ids: list[str]) -> bool:
     """Whether every job is in RUN; fails at once, with its error, on one that has ended."""
     for job_id in job_ids:
-        answer = client.get(job_id)
+        answer = client.jobs.get(job_id)
         assert answer.result is None, f"job {job_id} ended {answer.status.value}: {answer.result.error}"
         if answer.status.value != "run":
             return False

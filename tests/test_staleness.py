@@ -64,7 +64,7 @@ def test_alpha_zero_ends_a_job_whose_first_turn_was_under_the_old_version(start_
     assert len(backend.double.requests) == 1  # the stale turn was never sent
     assert JobResult.model_validate(res).status is JobStatus.STALE
     with SyncRolloutClient(server.url) as client:  # the trainer client takes it as terminal
-        waited = client.wait("j", timeout=10)
+        waited = client.jobs.wait("j", timeout=10)
         assert waited.status is JobStatus.STALE and waited.trajectory.weight_versions == [1]
 
     # listed and counted like any finished result

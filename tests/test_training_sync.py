@@ -26,7 +26,7 @@ def test_push_saves_a_checkpoint_the_engines_reload_and_keeps_only_the_last_two(
     with SyncRolloutClient(server.url, trust_env=False) as client:
         sync = CheckpointSync(client, tmp_path)
         timings = [sync.push(tiny_model(), version) for version in (1, 2, 3)]
-        status = client.weights()[server.url]
+        status = client.weights.status()[server.url]
     assert [t.version for t in timings] == [1, 2, 3] and all(t.save_s > 0 and t.reload_s > 0 for t in timings)
     assert (tmp_path / "v3" / "model.safetensors").exists() and (tmp_path / "v3" / "config.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v2", "v3"]  # the previous one stays for a rollback
@@ -45,7 +45,7 @@ def test_a_checkpoint_the_engines_refuse_is_a_clear_error_and_rollouts_go_on(sta
             match=r"could not load the checkpoint .*v2 as version 2; rollouts go on .*Cannot find any model weights",
         ):
             sync.push(tiny_model(), 2)
-        status = client.weights()[server.url]
+        status = client.weights.status()[server.url]
     assert status.version == 1 and not status.paused  # rolled back to v1 and dispatching again
     assert backend.double.weights_path == str(tmp_path / "v1")
 

@@ -125,7 +125,7 @@ def test_trls_grpo_trainer_trains_on_prorl_server_rollouts(start_server, vllm, t
             rollout_func=rollout,
         )
         trainer.train()
-        versions = client.weights()
+        versions = client.weights.status()
 
     assert trainer.state.global_step == 2
     assert rollout.first_version == 5 and len(rollout.pushes) == 1  # pushed once, before the second step

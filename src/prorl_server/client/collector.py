@@ -26,7 +26,6 @@ servers' `idle_stage` pool sampled from `GET /status`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -38,8 +37,9 @@ from types import TracebackType
 from typing import Any
 
 from prorl_server.client.errors import RolloutServerError
-from prorl_server.client.rollout_client import GroupRequestLike, RolloutClient
-from prorl_server.client.sync import SyncRolloutClient
+from prorl_server.client.idle_meter import IdleWorkerMeter
+from prorl_server.client.resources.groups import GroupRequestLike
+from prorl_server.client.rollout_client import RolloutClient
 from prorl_server.protocol import GroupRequest, GroupResult, GroupStatus, JobStatus
 
 log = logging.getLogger(__name__)
@@ -112,68 +112,6 @@ class StepReport:
         figures["rollouts_wasted"] = self.rollouts_wasted
         figures["rollouts_wasted_beyond_filter"] = self.rollouts_wasted_beyond_filter
         return figures
-
-
-class IdleWorkerMeter:
-    """Idle worker-seconds of one stage's pool (`workers - busy_workers` from `GET /status`), summed over the
-    client's servers, sampled every `interval_s` while running (`async with`, or `start()` / `stop()`).
-    Each sample holds until the next one. A server whose status cannot be read is skipped in that sample."""
-
-    def __init__(self, client: RolloutClient, *, stage: str = "run", interval_s: float = 0.1) -> None:
-        self.client = client
-        self.stage = stage
-        self.interval_s = interval_s
-        self.idle_worker_s = 0.0
-        self.worker_s = 0.0
-        self._task: asyncio.Task[None] | None = None
-        self._last: tuple[float, int, int] | None = None  # (time, idle, workers) of the last sample
-
-    async def __aenter__(self) -> IdleWorkerMeter:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    def start(self) -> None:
-        """Start sampling (on the running loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._sample(), name="prorl-idle-meter")
-
-    async def stop(self) -> tuple[float, float]:
-        """Stop sampling; returns (idle worker-seconds, worker-seconds) since start."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._hold(time.monotonic())
-        self._last = None
-        return self.idle_worker_s, self.worker_s
-
-    def _hold(self, now: float) -> None:
-        if self._last is not None:
-            at, idle, workers = self._last
-            self.idle_worker_s += idle * (now - at)
-            self.worker_s += workers * (now - at)
-
-    async def _sample(self) -> None:
-        while True:
-            answers = await asyncio.gather(
-                *(self.client.status(server=s) for s in self.client.servers), return_exceptions=True
-            )
-            idle = workers = 0
-            for answer in answers:
-                if isinstance(answer, BaseException):
-                    if not isinstance(answer, Exception):
-                        raise answer
-                    continue
-                pool = answer.workers.get(self.stage, 0)
-                workers += pool
-                idle += max(0, pool - answer.busy_workers.get(self.stage, 0))
-            now = time.monotonic()
-            self._hold(now)
-            self._last = (now, idle, workers)
-            await asyncio.sleep(self.interval_s)
 
 
 class DapoCollector:
@@ -329,7 +267,7 @@ class DapoCollector:
         if not requests:
             return
         outcomes = await asyncio.gather(
-            *(self.client.submit_group(request) for request in requests), return_exceptions=True
+            *(self.client.groups.submit(request) for request in requests), return_exceptions=True
         )
         failure: BaseException | None = None
         for outcome in outcomes:
@@ -338,7 +276,7 @@ class DapoCollector:
                 continue
             report.groups_launched += 1
             self._running[outcome] = asyncio.get_running_loop().create_task(
-                self.client.wait_group(outcome), name=f"prorl-dapo-{outcome}"
+                self.client.groups.wait(outcome), name=f"prorl-dapo-{outcome}"
             )
         fill.mark(time.monotonic(), self._underfilled())
         if failure is not None:
@@ -397,7 +335,7 @@ class DapoCollector:
         for _, task in running:
             task.cancel()
         await asyncio.gather(*(task for _, task in running), return_exceptions=True)
-        answers = await asyncio.gather(*(self.client.cancel_group(gid) for gid, _ in running), return_exceptions=True)
+        answers = await asyncio.gather(*(self.client.groups.cancel(gid) for gid, _ in running), return_exceptions=True)
         for (gid, _), answer in zip(running, answers, strict=True):
             report.groups_cancelled += 1
             if isinstance(answer, GroupResult):
@@ -414,7 +352,7 @@ class DapoCollector:
             return
         job_ids = [member.job_id for group in groups for member in group.members]
         try:
-            await self.client.ack(job_ids=job_ids)
+            await self.client.jobs.ack(job_ids=job_ids)
         except RolloutServerError as exc:
             log.warning("could not acknowledge %d member results: %s", len(job_ids), exc)
 
@@ -441,28 +379,10 @@ def _next_request(source: RequestSource) -> Callable[[], GroupRequestLike | None
     return lambda: next(iterator)
 
 
-class SyncDapoCollector:
-    """Blocking twin of DapoCollector on a SyncRolloutClient's loop thread (same arguments after the client).
+def __getattr__(name: str) -> Any:
+    """`SyncDapoCollector`, generated with the sync client, is in `prorl_server.client.sync` now."""
+    if name == "SyncDapoCollector":
+        from prorl_server.client.sync import SyncDapoCollector
 
-    with SyncRolloutClient(url) as client, SyncDapoCollector(client, prompts, target_groups=32,
-                                                              max_groups_in_flight=48) as collector:
-        report = collector.collect_step()
-    """
-
-    def __init__(self, client: SyncRolloutClient, requests: RequestSource, **options: Any) -> None:
-        self._sync = client
-        self.collector = DapoCollector(client.client, requests, **options)
-
-    def collect_step(self, target: int | None = None) -> StepReport:
-        """See DapoCollector.collect_step."""
-        return self._sync._run(self.collector.collect_step(target))
-
-    def close(self) -> StepReport:
-        """See DapoCollector.aclose."""
-        return self._sync._run(self.collector.aclose())
-
-    def __enter__(self) -> SyncDapoCollector:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
+        return SyncDapoCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

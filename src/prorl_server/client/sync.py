@@ -1,46 +1,175 @@
-"""`SyncRolloutClient`: the async RolloutClient for code without an event loop, run on a thread of its own."""
+"""`SyncRolloutClient`: the async RolloutClient for code without an event loop, run on a thread of its own.
+
+Nothing here is written twice: the blocking classes are generated from the async ones. `SyncResource`
+subclasses name the async class they mirror (`class SyncJobs(SyncResource, twin_of=Jobs)`), and every public
+method of it gets a blocking twin at class creation: a coroutine method runs on the client's loop thread, an
+async generator method becomes an iterator, a plain method whose answer is an async iterator (a
+ResultStream) hands back a SyncResultStream, and a property reads through. A method added to an async
+resource (or a resource added to `RolloutClient.RESOURCES`) thus appears on the sync client by itself.
+SyncDapoCollector is DapoCollector's twin made the same way.
+
+Typing: the generated methods are real functions, with the async methods' signatures, docstrings and
+answers (`inspect.signature`, `help()`); for static checkers, a SyncResource answers any attribute as `Any`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from prorl_server.client.rollout_client import GroupRequestLike, Request, RolloutClient
-from prorl_server.client.stream import Cursor, ResultStream
-from prorl_server.protocol import (
-    CancelResponse,
-    GroupResult,
-    HandlerInfo,
-    HealthResponse,
-    JobResult,
-    JobStatusResponse,
-    LLMServerInfo,
-    LLMServerList,
-    PauseResponse,
-    RemoveLLMServerResponse,
-    StatusResponse,
-    SwapResponse,
-    UpdateResponse,
-    WeightsStatus,
-)
+from prorl_server.client.collector import DapoCollector, RequestSource, StepReport
+from prorl_server.client.deprecated import add_deprecated_aliases
+from prorl_server.client.resources import APIResource, Backends, Groups, Jobs, Weights
+from prorl_server.client.rollout_client import RolloutClient
+from prorl_server.client.stream import Cursor
+from prorl_server.protocol import JobResult
 from prorl_server.protocol.endpoints import read_endpoints
 
 T = TypeVar("T")
 
 
-class SyncRolloutClient:
-    """Blocking twin of RolloutClient (same arguments, same methods, same errors): each call runs the async
-    client on an event loop thread this object owns (`prorl-client-loop`). `close()` (or `with`) stops it.
+class SyncResource:
+    """Blocking twin of an async resource (`twin_of=`): its public methods, generated (see the module).
+    Each instance wraps one async object (`_target`) and runs its calls on `_owner`'s loop thread."""
+
+    _twin_of: ClassVar[type]
+    """The async class this one mirrors."""
+    _twins: ClassVar[dict[type, type[SyncResource]]] = {}
+    """Async class -> its blocking twin, for every SyncResource subclass."""
+
+    def __init__(self, owner: SyncRolloutClient, target: Any) -> None:
+        self._owner = owner
+        self._target = target
+
+    def __init_subclass__(cls, twin_of: type | None = None, skip: frozenset[str] = frozenset(), **options: Any) -> None:
+        super().__init_subclass__(**options)
+        if twin_of is None:
+            return
+        cls._twin_of = twin_of
+        SyncResource._twins[twin_of] = cls
+        for name in dir(twin_of):
+            if name.startswith("_") or name in skip or name in cls.__dict__:
+                continue
+            member = inspect.getattr_static(twin_of, name)
+            if hasattr(member, "deprecated_for"):
+                continue  # an old name: the sync class gets its own alias, to its own resource method
+            if isinstance(member, property):
+                setattr(cls, name, _read_through(name, member))
+            elif inspect.isfunction(member):
+                setattr(cls, name, _blocking(cls, name, member))
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+class SyncResultStream:
+    """Blocking view of a ResultStream (or any async iterator): `for result in stream`, `stream.cursor`,
+    `stream.close()`."""
+
+    def __init__(self, owner: SyncRolloutClient, stream: AsyncIterator[JobResult]) -> None:
+        self._stream = stream
+        self._results = owner._iterate(stream)
+
+    @property
+    def cursor(self) -> Cursor:
+        """Per server, where the stream is; pass it as `after=` to resume."""
+        return self._stream.cursor  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[JobResult]:
+        return self._results
+
+    def __next__(self) -> JobResult:
+        return next(self._results)
+
+    def close(self) -> None:
+        """Stop the stream (its long polls are cancelled)."""
+        self._results.close()
+
+    def __enter__(self) -> SyncResultStream:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _blocking(owner_class: type, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """The blocking twin of the async class's method `name` (`function`)."""
+    if inspect.iscoroutinefunction(function):
+
+        def method(self: SyncResource, *args: Any, **kwargs: Any) -> Any:
+            return self._owner._run(getattr(self._target, name)(*args, **kwargs))
+
+        answer = inspect.signature(function).return_annotation
+    elif inspect.isasyncgenfunction(function):
+
+        def method(self: SyncResource, *args: Any, **kwargs: Any) -> Any:
+            return self._owner._iterate(getattr(self._target, name)(*args, **kwargs))
+
+        answer = str(inspect.signature(function).return_annotation).replace("AsyncIterator", "Iterator")
+    else:
+
+        def method(self: SyncResource, *args: Any, **kwargs: Any) -> Any:
+            result = getattr(self._target, name)(*args, **kwargs)
+            return SyncResultStream(self._owner, result) if hasattr(result, "__anext__") else result
+
+        answer = str(inspect.signature(function).return_annotation).replace("ResultStream", "SyncResultStream")
+    functools.update_wrapper(method, function)
+    del method.__wrapped__  # type: ignore[attr-defined]  # its own signature, below, not the async one
+    method.__module__, method.__qualname__ = owner_class.__module__, f"{owner_class.__name__}.{name}"
+    method.__signature__ = inspect.signature(function).replace(return_annotation=answer)  # type: ignore[attr-defined]
+    return method
+
+
+def _read_through(name: str, member: property) -> property:
+    return property(lambda self: getattr(self._target, name), doc=member.__doc__)
+
+
+class SyncJobs(SyncResource, twin_of=Jobs):
+    """Blocking `client.jobs` (see Jobs)."""
+
+
+class SyncGroups(SyncResource, twin_of=Groups):
+    """Blocking `client.groups` (see Groups)."""
+
+
+class SyncWeights(SyncResource, twin_of=Weights):
+    """Blocking `client.weights` (see Weights)."""
+
+
+class SyncBackends(SyncResource, twin_of=Backends):
+    """Blocking `client.backends` (see Backends)."""
+
+
+def sync_resource_class(resource: type[APIResource]) -> type[SyncResource]:
+    """The blocking twin of an async resource class (made now for one not declared above)."""
+    twin = SyncResource._twins.get(resource)
+    if twin is None:
+        twin = type(f"Sync{resource.__name__}", (SyncResource,), {"__doc__": resource.__doc__}, twin_of=resource)
+    return twin
+
+
+class SyncRolloutClient(SyncResource, twin_of=RolloutClient, skip=frozenset({"aclose"})):
+    """Blocking twin of RolloutClient (same arguments, same resources and methods, same errors): each call
+    runs the async client on an event loop thread this object owns (`prorl-client-loop`). `close()` (or
+    `with`) stops it.
 
         with SyncRolloutClient("http://127.0.0.1:8000") as client:
-            job_ids = client.submit_many(requests)
-            for result in client.as_completed(job_ids, progress=True, ack=True):
+            job_ids = client.jobs.submit_many(requests)
+            for result in client.jobs.as_completed(job_ids, progress=True, ack=True):
                 ...
     """
+
+    jobs: SyncJobs
+    groups: SyncGroups
+    weights: SyncWeights
+    backends: SyncBackends
 
     def __init__(self, servers: str | Sequence[str], **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
@@ -52,13 +181,15 @@ class SyncRolloutClient:
         except BaseException:
             self._stop_loop()
             raise
+        super().__init__(self, self.client)
+        for name in RolloutClient.RESOURCES:
+            resource = getattr(self.client, name)
+            setattr(self, name, sync_resource_class(type(resource))(self, resource))
 
     @classmethod
     def from_endpoints(cls, path: str | Path, **options: Any) -> SyncRolloutClient:
         """A client of the servers listed in an endpoints file (written by deploy/slurm/)."""
         return cls(read_endpoints(path).servers, **options)
-
-    # lifetime --------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connections and stop the loop thread (idempotent)."""
@@ -75,172 +206,6 @@ class SyncRolloutClient:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
-
-    @property
-    def servers(self) -> list[str]:
-        """The servers' base URLs."""
-        return self.client.servers
-
-    def server_of(self, job_id: str) -> str | None:
-        """The server this client sent `job_id` to."""
-        return self.client.server_of(job_id)
-
-    # the async client's calls ----------------------------------------------------------------------
-
-    def submit(self, request: Request, *, server: str | None = None) -> str:
-        """See RolloutClient.submit."""
-        return self._run(self.client.submit(request, server=server))
-
-    def submit_many(self, requests: Iterable[Request], *, concurrency: int = 32) -> list[str]:
-        """See RolloutClient.submit_many."""
-        return self._run(self.client.submit_many(requests, concurrency=concurrency))
-
-    def process(self, request: Request, *, server: str | None = None) -> JobResult:
-        """See RolloutClient.process."""
-        return self._run(self.client.process(request, server=server))
-
-    def get(self, job_id: str) -> JobStatusResponse:
-        """See RolloutClient.get."""
-        return self._run(self.client.get(job_id))
-
-    def wait(self, job_id: str, *, timeout: float | None = None) -> JobResult:
-        """See RolloutClient.wait."""
-        return self._run(self.client.wait(job_id, timeout=timeout))
-
-    def cancel(self, job_id: str) -> CancelResponse:
-        """See RolloutClient.cancel."""
-        return self._run(self.client.cancel(job_id))
-
-    def submit_group(self, request: GroupRequestLike, *, server: str | None = None) -> str:
-        """See RolloutClient.submit_group."""
-        return self._run(self.client.submit_group(request, server=server))
-
-    def group(self, group_id: str, *, wait: float = 0) -> GroupResult:
-        """See RolloutClient.group."""
-        return self._run(self.client.group(group_id, wait=wait))
-
-    def wait_group(self, group_id: str, timeout: float | None = None) -> GroupResult:
-        """See RolloutClient.wait_group."""
-        return self._run(self.client.wait_group(group_id, timeout=timeout))
-
-    def cancel_group(self, group_id: str) -> GroupResult:
-        """See RolloutClient.cancel_group."""
-        return self._run(self.client.cancel_group(group_id))
-
-    def server_of_group(self, group_id: str) -> str | None:
-        """See RolloutClient.server_of_group."""
-        return self.client.server_of_group(group_id)
-
-    def stream_results(
-        self,
-        after: Cursor | int | None = None,
-        *,
-        wait: float = 10.0,
-        limit: int = 100,
-        ack: bool = False,
-        timeout: float | None = None,
-    ) -> SyncResultStream:
-        """See RolloutClient.stream_results; iterate it with `for`, resume from its `cursor`."""
-        stream = self.client.stream_results(after, wait=wait, limit=limit, ack=ack, timeout=timeout)
-        return SyncResultStream(self, stream)
-
-    def as_completed(
-        self,
-        job_ids: Iterable[str],
-        *,
-        progress: bool | str = False,
-        ack: bool = False,
-        timeout: float | None = None,
-        wait: float = 5.0,
-        limit: int = 100,
-    ) -> Iterator[JobResult]:
-        """See RolloutClient.as_completed."""
-        results = self.client.as_completed(job_ids, progress=progress, ack=ack, timeout=timeout, wait=wait, limit=limit)
-        return self._iterate(results)
-
-    def collect(
-        self, job_ids: Iterable[str], *, progress: bool | str = False, ack: bool = False, timeout: float | None = None
-    ) -> list[JobResult]:
-        """See RolloutClient.collect."""
-        return self._run(self.client.collect(job_ids, progress=progress, ack=ack, timeout=timeout))
-
-    def ack(self, through: Cursor | int | None = None, job_ids: Iterable[str] = ()) -> int:
-        """See RolloutClient.ack."""
-        return self._run(self.client.ack(through, list(job_ids)))
-
-    def status(self, *, server: str | None = None) -> StatusResponse:
-        """See RolloutClient.status."""
-        return self._run(self.client.status(server=server))
-
-    def health(self, *, server: str | None = None) -> HealthResponse:
-        """See RolloutClient.health."""
-        return self._run(self.client.health(server=server))
-
-    def handlers(self, *, server: str | None = None) -> list[HandlerInfo]:
-        """See RolloutClient.handlers."""
-        return self._run(self.client.handlers(server=server))
-
-    def add_llm_server(
-        self,
-        address: str,
-        weight_version: str | int | None = None,
-        tags: Mapping[str, Any] | None = None,
-        *,
-        server: str | None = None,
-    ) -> LLMServerInfo:
-        """See RolloutClient.add_llm_server."""
-        return self._run(self.client.add_llm_server(address, weight_version, tags, server=server))
-
-    def remove_llm_server(
-        self, address: str, *, abort: bool = False, timeout_s: float | None = None, server: str | None = None
-    ) -> RemoveLLMServerResponse:
-        """See RolloutClient.remove_llm_server."""
-        return self._run(self.client.remove_llm_server(address, abort=abort, timeout_s=timeout_s, server=server))
-
-    def llm_servers(self, *, server: str | None = None) -> LLMServerList:
-        """See RolloutClient.llm_servers."""
-        return self._run(self.client.llm_servers(server=server))
-
-    def clear_llm_servers(self, *, server: str | None = None) -> int:
-        """See RolloutClient.clear_llm_servers."""
-        return self._run(self.client.clear_llm_servers(server=server))
-
-    def weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
-        """See RolloutClient.weights."""
-        return self._run(self.client.weights(server=server))
-
-    def pause_weights(
-        self, mode: str = "wait", *, timeout_s: float | None = None, server: str | None = None
-    ) -> dict[str, PauseResponse]:
-        """See RolloutClient.pause_weights."""
-        return self._run(self.client.pause_weights(mode, timeout_s=timeout_s, server=server))
-
-    def update_weights(
-        self, version: str | int, *, reload_path: str | None = None, server: str | None = None
-    ) -> dict[str, UpdateResponse]:
-        """See RolloutClient.update_weights."""
-        return self._run(self.client.update_weights(version, reload_path=reload_path, server=server))
-
-    def resume_weights(self, *, server: str | None = None) -> dict[str, WeightsStatus]:
-        """See RolloutClient.resume_weights."""
-        return self._run(self.client.resume_weights(server=server))
-
-    def swap_weights(
-        self, version: str | int, *, mode: str = "wait", reload_path: str | None = None, server: str | None = None
-    ) -> dict[str, SwapResponse]:
-        """See RolloutClient.swap_weights."""
-        return self._run(self.client.swap_weights(version, mode=mode, reload_path=reload_path, server=server))
-
-    def register_backends(
-        self,
-        addresses: Sequence[str],
-        weight_version: str | int | None = None,
-        tags: Mapping[str, Any] | None = None,
-    ) -> dict[str, list[str]]:
-        """See RolloutClient.register_backends."""
-        return self._run(self.client.register_backends(addresses, weight_version, tags))
-
-    # internals -------------------------------------------------------------------------------------
 
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the loop thread and wait for it; an interrupt (Ctrl-C) cancels it."""
@@ -272,29 +237,29 @@ class SyncRolloutClient:
         self._loop.close()
 
 
-class SyncResultStream:
-    """Blocking view of a ResultStream: `for result in stream`, `stream.cursor`, `stream.close()`."""
+add_deprecated_aliases(
+    SyncRolloutClient, {name: SyncResource._twins[cls] for name, cls in RolloutClient.RESOURCES.items()}
+)
 
-    def __init__(self, owner: SyncRolloutClient, stream: ResultStream) -> None:
-        self._stream = stream
-        self._results = owner._iterate(stream)
 
-    @property
-    def cursor(self) -> Cursor:
-        """Per server, where the stream is; pass it as `after=` to resume."""
-        return self._stream.cursor
+class SyncDapoCollector(SyncResource, twin_of=DapoCollector, skip=frozenset({"aclose"})):
+    """Blocking twin of DapoCollector on a SyncRolloutClient's loop thread (same arguments after the client),
+    generated as the client is.
 
-    def __iter__(self) -> Iterator[JobResult]:
-        return self._results
+    with SyncRolloutClient(url) as client, SyncDapoCollector(client, prompts, target_groups=32,
+                                                              max_groups_in_flight=48) as collector:
+        report = collector.collect_step()
+    """
 
-    def __next__(self) -> JobResult:
-        return next(self._results)
+    def __init__(self, client: SyncRolloutClient, requests: RequestSource, **options: Any) -> None:
+        self.collector = DapoCollector(client.client, requests, **options)
+        super().__init__(client, self.collector)
 
-    def close(self) -> None:
-        """Stop the stream (its long polls are cancelled)."""
-        self._results.close()
+    def close(self) -> StepReport:
+        """See DapoCollector.aclose."""
+        return self._owner._run(self.collector.aclose())
 
-    def __enter__(self) -> SyncResultStream:
+    def __enter__(self) -> SyncDapoCollector:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -111,7 +111,7 @@ async def register_backends(servers: list[str], backends: list[str]) -> dict[str
     client sends `$PRORL_API_KEY`, else the key in the user's key file (the one the servers use by default)."""
     try:
         async with RolloutClient(servers, trust_env=False) as client:
-            assignment = await client.register_backends(backends)
+            assignment = await client.backends.register(backends)
     except (ApiKeyFileError, RolloutServerError) as exc:
         raise DeploymentError(f"registering the backends failed: {exc}") from exc
     idle = [server for server, assigned in assignment.items() if not assigned]

@@ -107,7 +107,7 @@ class ProrlRollout:
             else:
                 runs.append((key, 1))
         group_ids = [
-            self.client.submit_group(
+            self.client.groups.submit(
                 {
                     "instance": self._instances[key],
                     "n": count,
@@ -119,7 +119,7 @@ class ProrlRollout:
         ]
         results: list[JobResult] = []
         for group_id, (_, count) in zip(group_ids, runs, strict=True):
-            group = self.client.wait_group(group_id, timeout=self.group_timeout_s)
+            group = self.client.groups.wait(group_id, timeout=self.group_timeout_s)
             results.extend(self._members(group, count))
         return results
 
@@ -132,7 +132,7 @@ class ProrlRollout:
                 break
             if member.selected:
                 continue
-            result = self.client.get(member.job_id).result
+            result = self.client.jobs.get(member.job_id).result
             if result is not None and result.trajectory.response_ids:
                 chosen.append(result.model_copy(update={"reward": 0.0}))
         if len(chosen) < count:
@@ -145,5 +145,5 @@ class ProrlRollout:
 
     def _current_version(self) -> int:
         """The highest integer weight version the servers have (0 when none), where pushes count on from."""
-        versions = [s.version for s in self.client.weights().values()]
+        versions = [s.version for s in self.client.weights.status().values()]
         return max((v for v in versions if isinstance(v, int)), default=0)

@@ -72,9 +72,9 @@ class CheckpointSync:
         """Pause dispatching (calls in flight finish, or are aborted with mode "abort"), make every engine of
         every server load `path` as `version`, resume. WeightSyncError when an engine refuses it: the server
         has put every engine back on the previous weights, and dispatching resumes under them."""
-        self.client.pause_weights(self.mode)
+        self.client.weights.pause(self.mode)
         try:
-            self.client.update_weights(version, reload_path=str(path))
+            self.client.weights.update(version, reload_path=str(path))
         except RolloutServerError as exc:
             raise WeightSyncError(
                 f"the engines could not load the checkpoint {path} as version {version}; rollouts go on with the "
@@ -82,7 +82,7 @@ class CheckpointSync:
             ) from exc
         finally:
             try:
-                self.client.resume_weights()
+                self.client.weights.resume()
             except RolloutServerError as exc:
                 if exc.status_code != 409:  # 409: not paused any more (its lease ran out): nothing held back
                     raise
