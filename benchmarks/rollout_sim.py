@@ -152,6 +152,7 @@ class HeddlePolicy:
         workers: Sequence[Worker],
         prefill_s_per_token: float,
         resolve_fraction: float = RESOLVE_FRACTION,
+        history: Sequence[TrajectoryView] = (),
     ) -> None:
         self.predictor = predictor
         self.names = [f"w{i}" for i in range(len(workers))]
@@ -159,6 +160,8 @@ class HeddlePolicy:
         self.placer = TrajectoryPlacer(
             predictor, workers[0].profile, prefill_s_per_token, profiles, resolve_fraction=resolve_fraction
         )
+        for view in history:  # finished trajectories of an earlier epoch, as the predictor learnt them
+            self.placer.learn(view)
 
     def route(self, t: Trajectory, workers: Sequence[Worker]) -> int:
         key = t.plan.key
@@ -173,6 +176,7 @@ class HeddlePolicy:
 
     def finished(self, t: Trajectory) -> None:
         self.placer.forget(t.plan.key)
+        self.placer.learn(t.view())
         self.predictor.observe_finished(t.view())
 
 
