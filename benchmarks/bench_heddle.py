@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from _report import check, finish, positive_int, print_checks, report_header
-from rollout_sim import HeddlePolicy, Plan, RouterPolicy, Worker, simulate
+from rollout_sim import ClairvoyantPolicy, HeddlePolicy, Plan, RouterPolicy, Worker, simulate
 
 from prorl_server.scheduling.heterogeneous import anneal_allocation, parallel_profile, place_on_workers
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION
@@ -137,10 +137,13 @@ def warm_predictor(warmup: list[Plan]):
     return predictor
 
 
-def bounds(plans: list[Plan], profiles: list[Profile]) -> dict[str, float]:
+def bounds(plans: list[Plan], profiles: list[Profile], prefill: float) -> dict[str, float]:
     """The lower bound of the makespan on these workers (module docstring)."""
     fastest = min(p.seconds_per_token(1) for p in profiles)
-    alone = max(plan.output_tokens * fastest + sum(plan.tool_s) for plan in plans)
+    alone = max(
+        plan.output_tokens * fastest + sum(plan.tool_s) + prefill * (plan.prompt_len + sum(plan.observations))
+        for plan in plans
+    )
     capacity = sum(max(n / p.seconds_per_token(n) for n in range(1, (p.batch_limit or 1) + 1)) for p in profiles)
     work = sum(plan.output_tokens for plan in plans) / capacity
     return {
@@ -175,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=RESOLVE_FRACTION,
         help="the placer solves the DP again after this share of the live count arrived (0: at every arrival)",
+    )
+    parser.add_argument(
+        "--clairvoyant",
+        action="store_true",
+        help="also run heddle and heddle-hetero with exact predictions (a reference, not a policy)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -232,16 +240,32 @@ def main(argv: list[str] | None = None) -> int:
         }
     report["allocation"]["annealed"] = not args.allocation
     heterogeneous = [by_degree[d] for d in report["allocation"]["degrees"]]
-    report["bounds"] = {"homogeneous": bounds(plans, homogeneous), "heterogeneous": bounds(plans, heterogeneous)}
+    report["bounds"] = {
+        "homogeneous": bounds(plans, homogeneous, prefill),
+        "heterogeneous": bounds(plans, heterogeneous, prefill),
+    }
+    history = [final_view(plan) for plan in warmup]  # what the placer learns its observations per turn from
     configs = {
         "verl-like": (homogeneous, lambda w: RouterPolicy("verl-like", cache_affine=False)),
         "slime-like": (homogeneous, lambda w: RouterPolicy("slime-like", cache_affine=True)),
-        "heddle": (homogeneous, lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction)),
+        "heddle": (
+            homogeneous,
+            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction, history),
+        ),
         "heddle-hetero": (
             heterogeneous,
-            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction),
+            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction, history),
         ),
     }
+    if args.clairvoyant:
+        configs["heddle-clairvoyant"] = (
+            homogeneous,
+            lambda w: ClairvoyantPolicy(w, prefill, resolve_fraction=args.resolve_fraction, history=history),
+        )
+        configs["hetero-clairvoyant"] = (
+            heterogeneous,
+            lambda w: ClairvoyantPolicy(w, prefill, resolve_fraction=args.resolve_fraction, history=history),
+        )
     report["configs"] = {}
     for label, (profiles, make) in configs.items():
         t0 = time.monotonic()

@@ -24,7 +24,7 @@ from typing import Protocol
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION, TrajectoryPlacer
 from prorl_server.scheduling.predictor import LengthPredictor
 from prorl_server.scheduling.profile import Profile
-from prorl_server.scheduling.view import TrajectoryView
+from prorl_server.scheduling.view import Prediction, TrajectoryView
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,46 @@ class HeddlePolicy:
         self.placer.forget(t.plan.key)
         self.placer.learn(t.view())
         self.predictor.observe_finished(t.view())
+
+
+class Clairvoyant:
+    """A length predictor that knows each trajectory's plan (not a real one: the reference of what the same
+    placement and priorities would do with exact predictions). `ClairvoyantPolicy` points it at the trajectory
+    asked about before each decision."""
+
+    name = "clairvoyant"
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+
+    def predict(self, view: TrajectoryView) -> Prediction:
+        """The exact remaining response tokens (model and observation) and turns of the current plan."""
+        plan = self.plan
+        assert plan is not None
+        turns = view.turns
+        tokens = sum(plan.tokens[turns:]) + sum(plan.observations[turns:])
+        return Prediction(float(tokens), float(len(plan.tokens) - turns))
+
+    def observe_finished(self, view: TrajectoryView) -> None:
+        """Nothing to learn."""
+
+
+class ClairvoyantPolicy(HeddlePolicy):
+    """`HeddlePolicy` with the `Clairvoyant` predictor."""
+
+    name = "heddle-clairvoyant"
+
+    def __init__(self, workers: Sequence[Worker], prefill_s_per_token: float, **kwargs: object) -> None:
+        self.oracle = Clairvoyant()
+        super().__init__(self.oracle, workers, prefill_s_per_token, **kwargs)  # type: ignore[arg-type]
+
+    def route(self, t: Trajectory, workers: Sequence[Worker]) -> int:
+        self.oracle.plan = t.plan
+        return super().route(t, workers)
+
+    def priority(self, t: Trajectory, call_seq: int) -> int:
+        self.oracle.plan = t.plan
+        return super().priority(t, call_seq)
 
 
 @dataclass

@@ -10,6 +10,7 @@ policy decides where they run.
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 
 import pytest
@@ -24,6 +25,7 @@ from prorl_server.llm.placement import POLICIES, interference_profile, make_poli
 from prorl_server.scheduling import placement_runtime
 from prorl_server.scheduling.partition import place
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
+from prorl_server.scheduling.profile import Profile
 from prorl_server.scheduling.view import Prediction, TrajectoryView
 from prorl_server.simllm.profile import DEFAULT_PROFILE
 from prorl_server.testing import ScriptedReply
@@ -254,3 +256,28 @@ def test_the_placer_solves_the_dp_for_new_jobs_and_moves_by_the_rescaled_sizes(m
     placer.prefill_s_per_token = 1e-4
     assert placer.at_boundary("S", grown, "b", backends) == "a"
     assert placer.solves == len(solved)  # boundaries never re-solve the DP
+
+
+def test_the_placer_keeps_each_backends_draining_time_up_to_date_through_moves() -> None:
+    predictor = FixedPredictor()
+    rng = random.Random(5)
+    profile = Profile.from_points([(1, 0.02), (4, 0.03), (16, 0.05)]).with_batch_limit(24)
+    placer = TrajectoryPlacer(predictor, profile, prefill_s_per_token=0.0, resolve_fraction=0.25)
+    backends = ["a", "b", "c"]
+    for i in range(120):
+        predictor.remaining[i] = float(rng.randint(1, 5000))
+        placer.place_new(f"t{i}", TrajectoryView("d", "p", prompt_len=i), backends)
+    for step in range(600):  # refreshed predictions at boundaries (moves among them) and ends
+        i = rng.randrange(120)
+        key = f"t{i}"
+        if key not in placer:
+            continue
+        if step % 7 == 0:
+            placer.forget(key)
+            continue
+        predictor.remaining[i] = float(rng.randint(1, 5000))
+        current = placer._live[key].backend
+        placer.at_boundary(key, TrajectoryView("d", "p", prompt_len=i, turns=1, model_tokens=1), current, backends)
+    for backend, on in placer._on.items():
+        assert on.decode_s == pytest.approx(profile.group_seconds(on.lengths), rel=1e-9, abs=1e-9), backend
+        assert on.lengths == sorted(p.remaining for p in placer._live.values() if p.backend == backend)

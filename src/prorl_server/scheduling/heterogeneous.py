@@ -11,7 +11,7 @@ that order and that worker's own profile I_k:
 
 with T_k the draining group time on worker k's profile (`Profile.group_seconds`, plus the group's extra
 seconds if given), which is `partition.place` when all profiles are equal. With non-decreasing profiles the best i is found
-by binary search, O(n B log n); otherwise O(n^2 B).
+by a sweeping pointer, O(n B); otherwise O(n^2 B).
 
 **Resource allocation.** Given a budget of G GPUs and the profile of each model-parallel degree d (measured
 per degree, or `parallel_profile` from a degree-1 profile), `anneal_allocation` searches the multisets of

@@ -8,18 +8,20 @@ T(G) = I(|G|) * max_{x in G} l(x); here T is the draining group time `Profile.gr
 which is never more and, unlike Heddle's, sees that a group of one long and many short trajectories runs
 mostly at a small batch. Optionally each trajectory carries extra seconds that delay every member of its group
 (`extra_s`: the prefill of the prompts and observations still to come, which a backend computes inside the
-steps of everyone running there), added to T. T only falls when a member gets shorter or is left out, so
-swapping a longer trajectory out of a group for a shorter one never raises the makespan, and some optimal
-partition is contiguous in the order of decreasing length (Heddle's Lemma 5.1; with `extra_s` this holds
-when the extras are ordered as the lengths are, else the DP is optimal among contiguous partitions). Sorting
-once and solving the linear partition problem over that order is therefore optimal:
+steps of everyone running there), added to T. Heddle's Lemma 5.1 (swapping a longer trajectory out of a group
+for a shorter one never raises the makespan, so some optimal partition is contiguous in the order of
+decreasing length) holds for formula 2 but not exactly for the draining time: the group that receives the
+longer one drains longer, even when it is not its longest (a group with a long member can take one medium one
+more cheaply than a group of shorts can). The DP below is therefore optimal among contiguous partitions, the
+search space Heddle uses; the tests check it against an exhaustive search over those:
 
     f_k(j) = min over 0 <= i <= j of max(f_{k-1}(i), T(l_(i+1) .. l_j))     (i = j: backend k left empty)
 
 with f_1(j) = T(l_(1) .. l_j) and l_(1) >= l_(2) >= ... the sorted lengths. A group time is a handful of
 prefix-sum differences (one per run of equal increments of I, `Profile.interference_steps`), so that is
 O(n^2 B). When the profile is non-decreasing, f_{k-1}(i) is non-decreasing in i and T(l_(i+1) .. l_j)
-non-increasing, so the best i is where the two cross: a binary search makes it O(n B log n). Not implemented:
+non-increasing, so the best i is where the two cross, and that crossing only moves right as j grows: one
+pointer sweeps it, O(n B) (times the lexicographic refinement's solves, `min_max_bounds`). Not implemented:
 Heddle's aggregation of short trajectories below a threshold. Heterogeneous backends (section 6) are
 `heterogeneous.py`.
 """
@@ -27,7 +29,7 @@ Heddle's aggregation of short trajectories below a threshold. Heterogeneous back
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prorl_server.scheduling.profile import Profile
@@ -94,7 +96,7 @@ def min_max_bounds(
     that could be far shorter may be filled up to the makespan (which a wrong prediction then overruns);
     so the cut is then refined lexicographically: the runs up to the slowest are kept and the items after
     them are cut again over the remaining backends, minimising their slowest run, until every backend is cut.
-    At most B solves, O(n B^2 log n) with a monotone profile."""
+    At most B solves, O(n B^2) with a monotone profile (usually a few: the slowest is mostly the first run)."""
     backends = len(group_times)
     bounds, first, makespan = [0], 0, 0.0
     while first < backends:
@@ -112,22 +114,35 @@ def min_max_bounds(
 
 
 def _solve_suffix(group_times: Sequence[Callable[[int, int], float]], start: int, n: int, monotone: bool) -> list[int]:
-    """The min-max cut of items start..n-1 into len(group_times) consecutive runs: the cut points."""
-    best = {j: group_times[0](start, j) for j in range(start, n + 1)}
-    splits: list[dict[int, int]] = [dict.fromkeys(range(start, n + 1), start)]
+    """The min-max cut of items start..n-1 into len(group_times) consecutive runs: the cut points. With a
+    monotone profile the best split of the first j items is where non-decreasing f_{k-1}(i) meets
+    non-increasing T(i, j); that crossing only moves right as j grows (T(i, j) grows with j), so one pointer
+    sweeps it in O(n) per backend (amortised) instead of a binary search per j."""
+    size = n - start + 1  # positions start..n, stored at index position - start
+    first = group_times[0]
+    best = [first(start, start + j) for j in range(size)]
+    splits: list[list[int]] = [[start] * size]
     for group_time in group_times[1:]:
-        previous, best, split = best, {}, {}
+        previous, best, split = best, [0.0] * size, list(range(start, n + 1))
+        low = start  # the first i with previous[i] >= group_time(i, j), or j if none
         for j in range(start, n + 1):
-            best[j], split[j] = previous[j], j  # i = j: this backend stays empty
-            candidates = crossing(previous, group_time, j, start) if monotone else range(start, j)
+            best_j, split_j = previous[j - start], j  # i = j: this backend stays empty
+            if monotone:
+                low = max(low, start)
+                while low < j and previous[low - start] < group_time(low, j):
+                    low += 1
+                candidates: Sequence[int] = [i for i in (low - 1, low) if start <= i < j]
+            else:
+                candidates = range(start, j)
             for i in candidates:
-                cost = max(previous[i], group_time(i, j))
-                if cost < best[j]:
-                    best[j], split[j] = cost, i
+                cost = max(previous[i - start], group_time(i, j))
+                if cost < best_j:
+                    best_j, split_j = cost, i
+            best[j - start], split[j - start] = best_j, split_j
         splits.append(split)
     cuts, j = [n], n
     for split in reversed(splits):
-        j = split[j]
+        j = split[j - start]
         cuts.append(j)
     cuts.reverse()
     return cuts
@@ -160,17 +175,3 @@ def group_timer(
         return total
 
     return group_time
-
-
-def crossing(
-    previous: Mapping[int, float], group_time: Callable[[int, int], float], j: int, start: int = 0
-) -> tuple[int, ...]:
-    """The two split points around where non-decreasing previous[i] meets non-increasing group_time(i, j)."""
-    low, high = start, j  # the first i in [start, j) with previous[i] >= group_time(i, j), or j if none
-    while low < high:
-        mid = (low + high) // 2
-        if previous[mid] >= group_time(mid, j):
-            high = mid
-        else:
-            low = mid + 1
-    return tuple(i for i in (low - 1, low) if start <= i < j)

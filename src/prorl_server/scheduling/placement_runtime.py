@@ -11,13 +11,13 @@ the new trajectory goes to its group's backend; the others stay where they are (
 are kept. The DP is solved again only when the backends changed, the new trajectory is predicted longer than
 every live one, or more than `resolve_fraction` (a quarter) of the live count arrived since the last solve (so
 always while fewer than 4 are live); in between a new trajectory goes to the group its rank by predicted
-length falls in, the kept sizes scaled to the live count (migration's rule), so the DP's O(n B^2 log n) is
+length falls in, the kept sizes scaled to the live count (migration's rule), so the DP's O(n B) to O(n B^2) is
 paid once per n / 4 arrivals. At a tool-call boundary (the start of a trajectory's next completion) its
 prediction is refreshed and migration's rule (`migration.py`: rank in the rescaled group sizes, then the
 makespan gain against the prefix recompute) decides whether it moves, for this one trajectory: sorted lists
 of the live predictions (overall and per backend) and each backend's group time kept until its members change
-make that O(B + log n) plus list inserts and, when the rank names another backend, the two backends' group
-times (a few slice sums over their members), not the O(n log n) of `plan_migrations`. Backends with profiles
+make that O(B + log n) plus list inserts (each backend's draining group time is updated at each insert and
+removal in O(runs of its profile's increments)), not the O(n log n) of `plan_migrations`. Backends with profiles
 of their own (`backend_profiles`, heterogeneous workers) are placed by `heterogeneous.place_on_workers`
 instead: the DP's groups, longest first, go to the backends in order of per-token time at batch size 1,
 lowest first (Heddle's sort-initialised mapping), and migration weighs each backend with its own profile.
@@ -27,6 +27,7 @@ Backends are named by address; the class is not thread-safe (the backend pool ca
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -68,13 +69,18 @@ class _Placed:
 
 @dataclass(slots=True)
 class _Backend:
-    """A backend's live trajectories: their remaining lengths sorted (floats, for slice sums), the (remaining,
-    key) pairs in the same order, the sum of their extras, and the group time once computed."""
+    """A backend's live trajectories: their remaining lengths sorted ascending, the (remaining, key) pairs in
+    the same order, the sum of their extras, and their draining group time (kept up to date by each insert
+    and removal in O(runs of the profile's increments), `_inserted_s` and `_removed_s`)."""
 
     lengths: list[float] = field(default_factory=list)
     keys: list[tuple[float, str]] = field(default_factory=list)
     extra_s: float = 0.0
-    finish_s: float | None = None
+    decode_s: float = 0.0
+
+    @property
+    def finish_s(self) -> float:
+        return self.decode_s + self.extra_s
 
 
 RESOLVE_FRACTION = 0.25
@@ -123,10 +129,10 @@ class TrajectoryPlacer:
         bisect.insort(self._by_length, (-remaining, key))
         on = self._on.setdefault(backend, _Backend())
         index = bisect.bisect_left(on.keys, (remaining, key))
+        on.decode_s = self._inserted_s(backend, on, index, remaining)
         on.keys.insert(index, (remaining, key))
         on.lengths.insert(index, remaining)
         on.extra_s += extra_s
-        on.finish_s = None
 
     def _remove(self, key: str) -> _Placed | None:
         placed = self._live.pop(key, None)
@@ -135,9 +141,9 @@ class TrajectoryPlacer:
             on = self._on[placed.backend]
             index = bisect.bisect_left(on.keys, (placed.remaining, key))
             if index < len(on.keys) and on.keys[index] == (placed.remaining, key):
+                on.decode_s = self._removed_s(placed.backend, on, index) if len(on.keys) > 1 else 0.0
                 del on.keys[index], on.lengths[index]
             on.extra_s = max(0.0, on.extra_s - placed.extra_s) if on.keys else 0.0
-            on.finish_s = None
         return placed
 
     def _extra_s(self, view: TrajectoryView, remaining_turns: float) -> float:
@@ -158,26 +164,45 @@ class TrajectoryPlacer:
             per_turn = view.observation_tokens / turns
             self._observation_per_turn += (per_turn - self._observation_per_turn) / min(self._learnt, 1024)
 
-    def _group_s(self, backend: str, lengths: list[float], extra_s: float) -> float:
-        """The draining group time of `lengths` (sorted ascending) on `backend`, plus `extra_s`: a few slice
-        sums (`Profile.interference_steps`)."""
+    def _runs(self, backend: str, size: int) -> list[tuple[int, int, float]]:
+        """`Profile.interference_steps` of the backend's profile, covering at least `size` (grown by doubling)."""
         profile = self.profile_of(backend)
         steps = self._steps.get(profile)
-        if steps is None or steps[-1][1] < len(lengths):
-            steps = profile.interference_steps(max(64, 2 * len(lengths)))
+        if steps is None or steps[-1][1] < size:
+            steps = profile.interference_steps(max(64, 2 * size))
             self._steps[profile] = steps
-        n, total = len(lengths), extra_s
-        for start, end, step in steps:
-            if start >= n:
+        return steps
+
+    def _inserted_s(self, backend: str, on: _Backend, index: int, length: float) -> float:
+        """The draining group time once `length` is inserted at ascending `index`: it takes descending rank
+        q = n + 1 - index (1-based) and adds length * dI(q); each shorter one moves a rank down, which changes
+        its increment only where a run of equal increments ends (`Profile.group_seconds`)."""
+        lengths, n = on.lengths, len(on.lengths)
+        runs = self._runs(backend, n + 1)
+        rank = n + 1 - index
+        total = on.decode_s
+        for (_, last, step), (_, _, following) in itertools.pairwise(runs):
+            if last > n:
                 break
-            total += step * sum(lengths[max(0, n - end) : n - start])
+            if last >= rank:  # the one at rank `last` moves to `last + 1`, into the next run
+                total += lengths[n - last] * (following - step)
+        return total + length * _increment(runs, rank)
+
+    def _removed_s(self, backend: str, on: _Backend, index: int) -> float:
+        """The draining group time once the one at ascending `index` leaves (the inverse of `_inserted_s`)."""
+        lengths, n = on.lengths, len(on.lengths)
+        runs = self._runs(backend, n)
+        rank = n - index
+        total = on.decode_s - lengths[index] * _increment(runs, rank)
+        for (_, last, step), (_, _, following) in itertools.pairwise(runs):
+            if last + 1 > n:
+                break
+            if last + 1 > rank:  # the one at rank `last + 1` moves up to `last`, into the previous run
+                total += lengths[n - last - 1] * (step - following)
         return total
 
     def _finish_s(self, backend: str) -> float:
-        on = self._on[backend]
-        if on.finish_s is None:
-            on.finish_s = self._group_s(backend, on.lengths, on.extra_s)
-        return on.finish_s
+        return self._on[backend].finish_s
 
     def _target(self, key: str, remaining: float, live: int) -> str:
         """The backend of the DP group that this trajectory's rank among the live ones falls in, the group sizes
@@ -247,17 +272,15 @@ class TrajectoryPlacer:
         if target == current or target not in backends:
             return None
         before = max(self._finish_s(b) for b in self._on if b in self._ranked)
-        source, destination = self._on[current], self._on.get(target, _Backend())
+        source, destination = self._on[current], self._on.setdefault(target, _Backend())
         index = bisect.bisect_left(source.keys, (remaining, key))
         cost = self.prefill_s_per_token * (view.prompt_len + view.tokens)
-        source_after = self._group_s(
-            current, source.lengths[:index] + source.lengths[index + 1 :], source.extra_s - extra_s
-        )
-        moved = destination.lengths.copy()
-        bisect.insort(moved, remaining)
-        target_after = self._group_s(target, moved, destination.extra_s + extra_s)
         finish = {b: self._finish_s(b) for b in self._on if b in self._ranked}
-        finish[current], finish[target] = source_after, target_after
+        finish[current] = (self._removed_s(current, source, index) if len(source.keys) > 1 else 0.0) + max(
+            0.0, source.extra_s - extra_s
+        )
+        arriving = bisect.bisect_left(destination.lengths, remaining)
+        finish[target] = self._inserted_s(target, destination, arriving, remaining) + destination.extra_s + extra_s
         if not worth_moving(before, max(finish.values()), cost):
             return None
         self._remove(key)
@@ -267,6 +290,14 @@ class TrajectoryPlacer:
     def forget(self, key: str) -> None:
         """The trajectory ended (idempotent)."""
         self._remove(key)
+
+
+def _increment(runs: list[tuple[int, int, float]], rank: int) -> float:
+    """I(rank) - I(rank - 1) from the runs of `Profile.interference_steps` (rank 1-based, covered by them)."""
+    for _, last, step in runs:
+        if rank <= last:
+            return step
+    return runs[-1][2]
 
 
 def _discard(items: list[tuple[float, str]], item: tuple[float, str]) -> None:

@@ -17,8 +17,8 @@ I(n - 1) once the shortest left, and so on; with the lengths sorted longest firs
 
     T(G) = sum over k of I(k) * (l_k - l_(k+1)) = sum over k of l_k * (I(k) - I(k - 1))      (I(0) = 0)
 
-(the group "drains"). It is never more than I(n) * l_1, and still only falls when a member gets shorter or is
-left out, so Heddle's lemma (some optimal partition is contiguous in the sorted order) holds for it.
+(the group "drains"). It is never more than I(n) * l_1 and only falls when a member gets shorter or is left
+out (with a non-decreasing profile), which is what the placement DP needs (`partition.py`).
 `interference_steps` gives the increments I(k) - I(k - 1) as runs of equal value (a piecewise-linear profile
 has a handful), so a group time is a few slice sums.
 """
