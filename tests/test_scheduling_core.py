@@ -386,3 +386,28 @@ def test_migration_leaves_well_placed_trajectories_alone() -> None:
     assert plan_migrations(placed, [1, 1], PROFILE, prefill_s_per_token=0.0) == []
     with pytest.raises(ValueError, match="outside"):
         plan_migrations([LiveTrajectory("x", 2, 1.0, 1, True)], [1, 1], PROFILE, 0.0)
+
+
+def test_a_group_drains_each_member_leaving_the_batch_when_done() -> None:
+    profile = Profile.from_points([(1, 0.01), (4, 0.04)])  # 0.01 s more per token for each co-runner
+    assert profile.interference_steps(6) == [(0, 6, pytest.approx(0.01))]
+    # 100 tokens all four together (0.04 s each), 200 more three together, 300 two, 400 alone
+    assert profile.group_seconds([1000.0, 600.0, 300.0, 100.0]) == pytest.approx(
+        100 * 0.04 + 200 * 0.03 + 300 * 0.02 + 400 * 0.01
+    )
+    assert profile.group_seconds([]) == 0.0
+    limited = profile.with_batch_limit(2)  # past 2, each shares 2 slots: I(n) = I(2) * n / 2
+    assert limited.group_seconds([10.0, 10.0, 10.0]) == pytest.approx(10 * limited.seconds_per_token(3))
+    # never more than Heddle's formula 2, I(n) * longest
+    assert profile.group_seconds([1000.0, 1.0, 1.0, 1.0]) < profile.seconds_per_token(4) * 1000
+
+
+def test_placement_charges_each_group_its_members_extra_seconds() -> None:
+    profile = Profile.from_points([(1, 0.01), (16, 0.01)])  # no interference: only the extras differ
+    lengths = [100.0, 100.0, 100.0, 100.0]
+    assert place(lengths, 2, profile).makespan == pytest.approx(1.0)
+    placement = place(lengths, 2, profile, extra_s=[5.0, 0.0, 0.0, 5.0])
+    assert placement.makespan == pytest.approx(6.0)  # the two 5 s extras on different backends
+    assert sorted(sum(i in (0, 3) for i in group) for group in placement.groups) == [1, 1]
+    with pytest.raises(ValueError, match="extra"):
+        place(lengths, 2, profile, extra_s=[1.0])
