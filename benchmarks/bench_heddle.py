@@ -39,9 +39,14 @@ Figures: makespan (simulated s), rollout throughput (output tokens / simulated s
 over verl-like, the prefix-cache hit rate, calls moved between workers, and the lower bound of each worker
 set::
 
-    alone(t)    = its output tokens x I_fastest(1) + its tool time   (prefill left out)
-    capacity    = sum over workers of max over n <= batch limit of n / I_w(n)   (tokens per second)
-    lower bound = max(max over t of alone(t), total output tokens / capacity)
+    alone(t)    = its output tokens x I_fastest(1) + its tool time + its prompt and observations x prefill
+    capacity_w  = max over n <= batch limit of n / I_w(n)   (a worker's decode tokens per second)
+    work        = (total output tokens + prefill x min_w capacity_w x total prompt and observation tokens)
+                  / sum_w capacity_w
+    lower bound = max(max over t of alone(t), work)
+
+(work: worker w is busy at least its output tokens / capacity_w plus its prefill tokens x prefill; weighting
+each worker's inequality by capacity_w and summing gives it.)
 
 No policy can beat verl-like by more than verl-like's makespan / the lower bound (printed as "at most").
 Targets (issue 26; checks, not assertions): heddle >= 1.5x verl-like's throughput on homogeneous workers,
@@ -78,7 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from _report import check, finish, positive_int, print_checks, report_header
-from rollout_sim import HeddlePolicy, Plan, RouterPolicy, Worker, simulate
+from rollout_sim import ClairvoyantPolicy, HeddlePolicy, Plan, RouterPolicy, Worker, simulate
 
 from prorl_server.scheduling.heterogeneous import anneal_allocation, parallel_profile, place_on_workers
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION
@@ -137,12 +142,17 @@ def warm_predictor(warmup: list[Plan]):
     return predictor
 
 
-def bounds(plans: list[Plan], profiles: list[Profile]) -> dict[str, float]:
+def bounds(plans: list[Plan], profiles: list[Profile], prefill: float) -> dict[str, float]:
     """The lower bound of the makespan on these workers (module docstring)."""
     fastest = min(p.seconds_per_token(1) for p in profiles)
-    alone = max(plan.output_tokens * fastest + sum(plan.tool_s) for plan in plans)
-    capacity = sum(max(n / p.seconds_per_token(n) for n in range(1, (p.batch_limit or 1) + 1)) for p in profiles)
-    work = sum(plan.output_tokens for plan in plans) / capacity
+    alone = max(
+        plan.output_tokens * fastest + sum(plan.tool_s) + prefill * (plan.prompt_len + sum(plan.observations))
+        for plan in plans
+    )
+    capacities = [max(n / p.seconds_per_token(n) for n in range(1, (p.batch_limit or 1) + 1)) for p in profiles]
+    capacity = sum(capacities)
+    prefilled = sum(plan.prompt_len + sum(plan.observations) for plan in plans)  # each at least once
+    work = (sum(plan.output_tokens for plan in plans) + prefill * min(capacities) * prefilled) / capacity
     return {
         "longest_alone_s": alone,
         "capacity_tok_s": capacity,
@@ -175,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=RESOLVE_FRACTION,
         help="the placer solves the DP again after this share of the live count arrived (0: at every arrival)",
+    )
+    parser.add_argument(
+        "--clairvoyant",
+        action="store_true",
+        help="also run heddle and heddle-hetero with exact predictions (a reference, not a policy)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -232,16 +247,32 @@ def main(argv: list[str] | None = None) -> int:
         }
     report["allocation"]["annealed"] = not args.allocation
     heterogeneous = [by_degree[d] for d in report["allocation"]["degrees"]]
-    report["bounds"] = {"homogeneous": bounds(plans, homogeneous), "heterogeneous": bounds(plans, heterogeneous)}
+    report["bounds"] = {
+        "homogeneous": bounds(plans, homogeneous, prefill),
+        "heterogeneous": bounds(plans, heterogeneous, prefill),
+    }
+    history = [final_view(plan) for plan in warmup]  # what the placer learns its observations per turn from
     configs = {
         "verl-like": (homogeneous, lambda w: RouterPolicy("verl-like", cache_affine=False)),
         "slime-like": (homogeneous, lambda w: RouterPolicy("slime-like", cache_affine=True)),
-        "heddle": (homogeneous, lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction)),
+        "heddle": (
+            homogeneous,
+            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction, history),
+        ),
         "heddle-hetero": (
             heterogeneous,
-            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction),
+            lambda w: HeddlePolicy(warm_predictor(warmup), w, prefill, args.resolve_fraction, history),
         ),
     }
+    if args.clairvoyant:
+        configs["heddle-clairvoyant"] = (
+            homogeneous,
+            lambda w: ClairvoyantPolicy(w, prefill, resolve_fraction=args.resolve_fraction, history=history),
+        )
+        configs["hetero-clairvoyant"] = (
+            heterogeneous,
+            lambda w: ClairvoyantPolicy(w, prefill, resolve_fraction=args.resolve_fraction, history=history),
+        )
     report["configs"] = {}
     for label, (profiles, make) in configs.items():
         t0 = time.monotonic()
@@ -284,7 +315,7 @@ def print_report(report: dict[str, Any]) -> None:
     for kind, b in report["bounds"].items():
         print(
             f"lower bound, {kind}: {b['lower_bound_s']:.0f} s = max(longest alone {b['longest_alone_s']:.0f} s, "
-            f"work / capacity {b['work_bound_s']:.0f} s)"
+            f"work with prefill {b['work_bound_s']:.0f} s)"
         )
     rows = [
         ("workers", "workers", None),

@@ -99,7 +99,7 @@ class BaselinePlacer(TrajectoryPlacer):
     def at_boundary(self, key: str, view: TrajectoryView, current: str, backends: list[str]) -> str | None:
         remaining = self.predictor.predict(view).remaining_tokens
         self._remove(key)
-        self._add(key, current, remaining)
+        self._add(key, current, remaining, 0.0)
         index = {address: i for i, address in enumerate(self._ranked)}
         live = [
             LiveTrajectory(k, index[p.backend], p.remaining, view.prompt_len + view.tokens if k == key else 0, k == key)
@@ -110,7 +110,7 @@ class BaselinePlacer(TrajectoryPlacer):
         for move in plan_migrations(live, self._sizes, profiles, self.prefill_s_per_token):
             if move.key == key:
                 self._remove(key)
-                self._add(key, self._ranked[move.target], remaining)
+                self._add(key, self._ranked[move.target], remaining, 0.0)
                 return self._ranked[move.target]
         return None
 

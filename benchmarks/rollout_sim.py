@@ -24,7 +24,7 @@ from typing import Protocol
 from prorl_server.scheduling.placement_runtime import RESOLVE_FRACTION, TrajectoryPlacer
 from prorl_server.scheduling.predictor import LengthPredictor
 from prorl_server.scheduling.profile import Profile
-from prorl_server.scheduling.view import TrajectoryView
+from prorl_server.scheduling.view import Prediction, TrajectoryView
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ class HeddlePolicy:
         workers: Sequence[Worker],
         prefill_s_per_token: float,
         resolve_fraction: float = RESOLVE_FRACTION,
+        history: Sequence[TrajectoryView] = (),
     ) -> None:
         self.predictor = predictor
         self.names = [f"w{i}" for i in range(len(workers))]
@@ -159,6 +160,8 @@ class HeddlePolicy:
         self.placer = TrajectoryPlacer(
             predictor, workers[0].profile, prefill_s_per_token, profiles, resolve_fraction=resolve_fraction
         )
+        for view in history:  # finished trajectories of an earlier epoch, as the predictor learnt them
+            self.placer.learn(view)
 
     def route(self, t: Trajectory, workers: Sequence[Worker]) -> int:
         key = t.plan.key
@@ -173,7 +176,48 @@ class HeddlePolicy:
 
     def finished(self, t: Trajectory) -> None:
         self.placer.forget(t.plan.key)
+        self.placer.learn(t.view())
         self.predictor.observe_finished(t.view())
+
+
+class Clairvoyant:
+    """A length predictor that knows each trajectory's plan (not a real one: the reference of what the same
+    placement and priorities would do with exact predictions). `ClairvoyantPolicy` points it at the trajectory
+    asked about before each decision."""
+
+    name = "clairvoyant"
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+
+    def predict(self, view: TrajectoryView) -> Prediction:
+        """The exact remaining response tokens (model and observation) and turns of the current plan."""
+        plan = self.plan
+        assert plan is not None
+        turns = view.turns
+        tokens = sum(plan.tokens[turns:]) + sum(plan.observations[turns:])
+        return Prediction(float(tokens), float(len(plan.tokens) - turns))
+
+    def observe_finished(self, view: TrajectoryView) -> None:
+        """Nothing to learn."""
+
+
+class ClairvoyantPolicy(HeddlePolicy):
+    """`HeddlePolicy` with the `Clairvoyant` predictor."""
+
+    name = "heddle-clairvoyant"
+
+    def __init__(self, workers: Sequence[Worker], prefill_s_per_token: float, **kwargs: object) -> None:
+        self.oracle = Clairvoyant()
+        super().__init__(self.oracle, workers, prefill_s_per_token, **kwargs)  # type: ignore[arg-type]
+
+    def route(self, t: Trajectory, workers: Sequence[Worker]) -> int:
+        self.oracle.plan = t.plan
+        return super().route(t, workers)
+
+    def priority(self, t: Trajectory, call_seq: int) -> int:
+        self.oracle.plan = t.plan
+        return super().priority(t, call_seq)
 
 
 @dataclass

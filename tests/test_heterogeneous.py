@@ -35,7 +35,7 @@ BASE = Profile.from_points([(1, 0.02), (8, 0.024), (32, 0.035), (64, 0.055), (12
 
 def group_makespan(groups, order, lengths, profiles) -> float:
     return max(
-        (profiles[order[k]].seconds_per_token(len(g)) * max(lengths[i] for i in g) for k, g in enumerate(groups) if g),
+        (profiles[order[k]].group_seconds([lengths[i] for i in g]) for k, g in enumerate(groups) if g),
         default=0.0,
     )
 

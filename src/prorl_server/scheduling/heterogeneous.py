@@ -7,10 +7,11 @@ should go to the lowest-latency worker. `worker_order` sorts workers by per-toke
 degree is faster), and `place_on_workers` solves the presorted DP with group k bound to the k-th worker of
 that order and that worker's own profile I_k:
 
-    f_k(j) = min over 0 <= i <= j of max(f_{k-1}(i), I_k(j - i) * l_(i+1))
+    f_k(j) = min over 0 <= i <= j of max(f_{k-1}(i), T_k(l_(i+1) .. l_j))
 
-which is `partition.place` when all profiles are equal. With non-decreasing profiles the best i is found
-by binary search, O(n B log n); otherwise O(n^2 B).
+with T_k the draining group time on worker k's profile (`Profile.group_seconds`, plus the group's extra
+seconds if given), which is `partition.place` when all profiles are equal. With non-decreasing profiles the best i is found
+by a sweeping pointer, O(n B); otherwise O(n^2 B).
 
 **Resource allocation.** Given a budget of G GPUs and the profile of each model-parallel degree d (measured
 per degree, or `parallel_profile` from a degree-1 profile), `anneal_allocation` searches the multisets of
@@ -25,12 +26,13 @@ exp(-increase / temperature), cools geometrically and stops below `min_temperatu
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from prorl_server.scheduling.partition import contiguous_groups
+from prorl_server.scheduling.partition import check_lengths, group_timer, min_max_bounds
 from prorl_server.scheduling.profile import Profile
 
 DEFAULT_PARALLEL_EFFICIENCY = 0.8
@@ -62,48 +64,27 @@ def worker_order(profiles: Sequence[Profile]) -> tuple[int, ...]:
     return tuple(sorted(range(len(profiles)), key=lambda w: (profiles[w].seconds_per_token(1), w)))
 
 
-def place_on_workers(lengths: Sequence[float], profiles: Sequence[Profile]) -> WorkerPlacement:
-    """The presorted DP over heterogeneous workers, the longest group on the lowest-latency worker."""
+def place_on_workers(
+    lengths: Sequence[float], profiles: Sequence[Profile], extra_s: Sequence[float] | None = None
+) -> WorkerPlacement:
+    """The presorted DP over heterogeneous workers, the longest group on the lowest-latency worker (group times
+    and `extra_s` as in `partition.place`)."""
     if not profiles:
         raise ValueError("placement needs at least one worker")
-    if any(length < 0 for length in lengths):
-        raise ValueError("predicted lengths cannot be negative")
+    check_lengths(lengths, extra_s)
     order = worker_order(profiles)
     n = len(lengths)
     ranked = sorted(range(n), key=lambda i: (-lengths[i], i))
     ordered = [lengths[i] for i in ranked]
-    tables = [[0.0] + [profiles[w].seconds_per_token(size) for size in range(1, n + 1)] for w in order]
-    monotone = all(profiles[w].nondecreasing for w in order)
-
-    def group_time(k: int, i: int, j: int) -> float:
-        return tables[k][j - i] * ordered[i] if j > i else 0.0
-
-    best = [group_time(0, 0, j) for j in range(n + 1)]
-    splits: list[list[int]] = [[0] * (n + 1)]
-    for k in range(1, len(order)):
-        previous, best, split = best, [0.0] * (n + 1), list(range(n + 1))
-        for j in range(1, n + 1):
-            candidates = _crossing(previous, tables[k], ordered, j) if monotone else range(j)
-            best[j] = previous[j]
-            for i in candidates:
-                cost = max(previous[i], group_time(k, i, j))
-                if cost < best[j]:
-                    best[j], split[j] = cost, i
-        splits.append(split)
-    groups = contiguous_groups(splits, ranked)
-    return WorkerPlacement(order=order, groups=tuple(groups), makespan=best[n])
-
-
-def _crossing(previous: list[float], table: list[float], ordered: list[float], j: int) -> tuple[int, ...]:
-    """The split points around where non-decreasing previous[i] meets non-increasing table[j - i] * l_(i+1)."""
-    low, high = 0, j
-    while low < high:
-        mid = (low + high) // 2
-        if previous[mid] >= table[j - mid] * ordered[mid]:
-            high = mid
-        else:
-            low = mid + 1
-    return tuple(i for i in (low - 1, low) if 0 <= i < j)
+    extras = [extra_s[i] for i in ranked] if extra_s else None
+    timers: dict[Profile, Callable[[int, int], float]] = {}
+    for w in order:
+        if profiles[w] not in timers:
+            timers[profiles[w]] = group_timer(profiles[w], ordered, extras)
+    group_times = [timers[profiles[w]] for w in order]
+    bounds, makespan = min_max_bounds(group_times, n, all(profiles[w].nondecreasing for w in order))
+    groups = tuple(tuple(ranked[a:b]) for a, b in itertools.pairwise(bounds))
+    return WorkerPlacement(order=order, groups=groups, makespan=makespan)
 
 
 def parallel_profile(

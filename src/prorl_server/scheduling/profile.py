@@ -9,11 +9,24 @@ sharing a backend with n - 1 others spends per generated token.
 A backend runs at most so many requests at once (vLLM's `max_num_seqs`, or the server's per-backend
 admission limit); past that limit C the extra requests wait their turn, so n > C trajectories share C
 slots: each then gets C / n of a slot, and its per-token time is I(C) * n / C (`with_batch_limit`).
+
+How long a group of trajectories takes on one backend (`group_seconds`, the placement's group time): Heddle's
+formula 2 charges I(n) for the whole length of the group's longest, as if all n ran to its end. They do not:
+all start together and each leaves when it is done, so the longest runs at I(n) while all n run, then at
+I(n - 1) once the shortest left, and so on; with the lengths sorted longest first l_1 >= ... >= l_n,
+
+    T(G) = sum over k of I(k) * (l_k - l_(k+1)) = sum over k of l_k * (I(k) - I(k - 1))      (I(0) = 0)
+
+(the group "drains"). It is never more than I(n) * l_1 and only falls when a member gets shorter or is left
+out (with a non-decreasing profile), which is what the placement DP needs (`partition.py`).
+`interference_steps` gives the increments I(k) - I(k - 1) as runs of equal value (a piecewise-linear profile
+has a handful), so a group time is a few slice sums.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -51,6 +64,27 @@ class Profile:
     def nondecreasing(self) -> bool:
         """True when per-token time never falls as the batch grows (Heddle's premise; lets the DP bisect)."""
         return all(a <= b for a, b in pairwise(self.seconds))
+
+    def interference_steps(self, n: int) -> list[tuple[int, int, float]]:
+        """The increments I(k) - I(k - 1) for k = 1..n (I(0) = 0) as runs (first k - 1, last k, increment)
+        of equal increments, in order of k."""
+        runs: list[tuple[int, int, float]] = []
+        previous = 0.0
+        for k in range(1, n + 1):
+            current = self.seconds_per_token(k)
+            step = current - previous
+            previous = current
+            if runs and math.isclose(runs[-1][2], step, rel_tol=1e-9, abs_tol=1e-15):
+                runs[-1] = (runs[-1][0], k, step)
+            else:
+                runs.append((k - 1, k, step))
+        return runs
+
+    def group_seconds(self, lengths: Iterable[float]) -> float:
+        """How long a group of trajectories with these lengths takes on this backend, draining (module
+        docstring): sum over k of l_k * (I(k) - I(k - 1)), the lengths sorted longest first; 0 if empty."""
+        ordered = sorted(lengths, reverse=True)
+        return sum(step * sum(ordered[start:end]) for start, end, step in self.interference_steps(len(ordered)))
 
     def seconds_per_token(self, batch_size: float) -> float:
         """Interpolated per-token time at `batch_size` concurrent trajectories (never below 0); past the
