@@ -21,6 +21,8 @@ load hits all alike while each series stays in its steady state (`--warmup` unti
       and `clear-history`.
     - subprocess: `subprocess.run(["bash", "-c", cmd], capture_output=True)`, a fresh shell per command
       (no state kept between commands; the floor of what a non-persistent runner costs).
+Targets: bash `true` <= 2 ms p50 and >= 20x faster than tmux; 1 MB of output within 2x of the raw subprocess
+(`bash -c`, a pipe) in the same run.
 IPython round trip: `1+1` through `ToolClient.ipython` (kernel already started; its start-up, the first
 call, is reported apart).
 Start-up: time from spawning the server to its answer to a `ping` on a fresh connection, with the client
@@ -82,6 +84,7 @@ from prorl_server.tools.protocol import SOCKET_NAME
 
 TARGET_TRUE_P50_MS = 2.0
 TARGET_SPEEDUP_VS_TMUX = 20.0
+TARGET_1MB_VS_SUBPROCESS = 2.0  # bash with 1 MB of output, p50: prorl / a fresh `bash -c` (raw subprocess)
 ONE_MB = 1_000_000
 COMMANDS = {"true": "true", "echo": "echo hello", "1mb": f"yes hello | head -c {ONE_MB}"}
 EXPECTED_OUTPUT = {"true": 0, "echo": len("hello\n"), "1mb": ONE_MB}  # characters of output
@@ -335,6 +338,17 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                     speedup >= TARGET_SPEEDUP_VS_TMUX if has_target else None,
                 )
             )
+        one_mb = bash["1mb"]
+        ratio = one_mb["prorl"]["p50_ms"] / one_mb["subprocess"]["p50_ms"]
+        rows.append(
+            check(
+                "1 MB output p50 vs raw subprocess (bash -c)",
+                f"{ratio:.2f}x ({one_mb['prorl']['p50_ms']:.1f} ms)",
+                f"bash -c {one_mb['subprocess']['p50_ms']:.1f} ms",
+                f"<= {TARGET_1MB_VS_SUBPROCESS:g}x",
+                ratio <= TARGET_1MB_VS_SUBPROCESS,
+            )
+        )
     ipython = report.get("ipython")
     if ipython:
         cell = ipython["one_plus_one"]
