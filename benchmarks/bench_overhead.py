@@ -1223,7 +1223,7 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
             check(
                 "real vLLM through the server: server CPU per turn",
                 f"{s['server_cpu_ms_per_turn']:.1f} ms",
-                "-",
+                f"idle server, same time: {d['server_cpu_ms_per_turn']:.1f} ms",
                 "-",
                 None,
             ),
