@@ -370,6 +370,9 @@ class ApptainerRuntime(ProcessRuntime):
         """apptainer exec of the rlimit bootstrap that runs the execution server."""
         # HOME through env(1): apptainer refuses to set it from APPTAINERENV_HOME, and --home under --security
         args = self.apptainer_args(spec, slot.directory, slot.fork)
-        argv = [*args, "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
+        # -S (no site-packages scan, some ms of each start) when the server comes from the host's copy; the IPython
+        # tool adds site-packages on its first use (ipython_kernel.import_jupyter_client)
+        python = ["python3", "-I", "-S"] if self.host_tools else ["python3", "-I"]
+        argv = [*args, "env", f"HOME={spec.workdir}", *python, "-c", BOOT_CODE]
         fds = () if landlock_fd is None else (landlock_fd,)
         return Command(argv, self.environment(spec, slot, address, landlock_fd), slot.directory, pass_fds=fds)
