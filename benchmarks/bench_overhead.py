@@ -2,7 +2,8 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin]
+    .venv/bin/python benchmarks/bench_overhead.py [--json out.json] [--pin] [--engine vllm]
+    .venv/bin/python benchmarks/bench_overhead.py --engine vllm --skip-overhead --skip-pipeline --skip-journal
 
 About two minutes on a 2-core machine with the defaults. Every server under test runs in this process on
 a real uvicorn socket (127.0.0.1 only), with the garbage collector set as `prorl-server serve` sets it
@@ -66,6 +67,19 @@ Part 3 - results journal on vs off
     on part 2's synthetic workload (the "pipeline" design, same job list, same rounds), whose jobs spend
     tens of milliseconds in stages, as real ones spend seconds to minutes.
 
+Part 4 - the real vLLM, through the server and alone (only with `--engine vllm`; about 10 minutes on 2 cores)
+    The CPU build of vLLM (`scripts/setup-vllm.sh`; SmolLM2-135M-Instruct, max_num_seqs
+    `--engine-concurrency`) and `prorl-server serve` in front of it (`LocalStack`, child processes stopped by
+    PID) with a one-turn chat handler (fidelity_handler.py, `turns` 1). Each round sends `--engine-requests`
+    one-turn requests of exactly `--engine-max-tokens` tokens (`ignore_eos`, temperature 1, seed per request),
+    `--engine-concurrency` at a time, either straight to vLLM (`POST /v1/completions` with the body the server
+    sends: the chat's prompt ids from vLLM's /tokenize, made before timing, `return_token_ids`, `logprobs` 0)
+    or through the server's job path (`POST /process`: the server tokenizes the chat, calls vLLM, builds the
+    trajectory). The arms alternate (direct, server, server, direct, ...) `--engine-rounds` times after an
+    unmeasured warm-up of each; each arm's figure is its tokens over its wall time, all rounds summed.
+    Checked on the way: the server's prompt ids equal the direct ones, and the server tokenizes locally
+    (`prorl_backend_local_tokenizer` 1: no /tokenize round trip per turn). Target: cost <= 5% of tokens/s.
+
 JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
 
     {
@@ -120,6 +134,16 @@ JSON output (`--json PATH`); times in milliseconds unless a key says otherwise::
                                     "errors", "runs": [part 2's per-design figures, per round]},
                      "throughput_cost_pct", "cpu_cost_pct"}   # as above (server process only)
       },
+      "engine": {                                        # only with --engine vllm
+        "requests", "max_tokens", "concurrency", "rounds", "vllm_start_s", "same_prompt_ids",
+        "server_tokenizes_locally", "load_avg_1m_at_end",
+        "direct" | "server": {"tokens", "wall_s", "tokens_per_s", "failed",   # all rounds summed
+                              "server_cpu_ms_per_turn", "vllm_cpu_s_per_round",  # medians over rounds
+                              "runs": [{"tokens", "wall_s", "tokens_per_s", "failed",
+                                        "server_cpu_ms_per_turn", "vllm_cpu_s"}]},  # per round
+        "cost_pct": 100 * (1 - server tokens/s / direct tokens/s),
+        "cost_pct_median_of_rounds": the same per round (its direct and server runs), median over the rounds
+      },
       "checks": [{"metric", "value", "baseline", "target", "pass"}],  # the summary table; pass is
                                                                      # true/false, or null without target
       "failures": {part: error message}               # parts that could not run (normally empty)
@@ -169,6 +193,7 @@ TARGET_JOBS_PER_S = 1000.0
 TARGET_ADDED_P50_MS = 2.0
 TARGET_SPEEDUP = 2.0
 TARGET_JOURNAL_COST_PCT = 5.0
+TARGET_ENGINE_COST_PCT = 5.0
 
 # ------------------------------------------------------------------------------------------------
 # Load generator (runs in its own process)
@@ -908,6 +933,165 @@ def _journal_pipeline(
 # ------------------------------------------------------------------------------------------------
 
 
+# ------------------------------------------------------------------------------------------------
+# Part 4: the real vLLM, through the server and alone (--engine vllm)
+# ------------------------------------------------------------------------------------------------
+
+ENGINE_HANDLER_FILE = Path(__file__).resolve().parent / "fidelity_handler.py"
+ENGINE_QUESTIONS = [
+    "Name three colors of the rainbow.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "Why is the sky blue?",
+    "Describe a cat in one sentence.",
+    "What is a prime number?",
+    "Tell me a fun fact about space.",
+]
+ENGINE_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
+def _engine_sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """Every request's sampling: exactly `--engine-max-tokens` tokens (ignore_eos), temperature 1."""
+    return {"temperature": 1.0, "max_tokens": args.engine_max_tokens, "ignore_eos": True}
+
+
+async def _engine_round(
+    http: httpx.AsyncClient, arm: str, target: str, prompts: list[list[int]], args: argparse.Namespace, model: str
+) -> tuple[int, float, int]:
+    """One round of one arm: every prompt, `--engine-concurrency` at a time; returns (generated tokens, wall
+    seconds, failed requests). `direct`: POST /v1/completions to vLLM with the same body the server sends
+    (prompt ids, return_token_ids, logprobs 0, the job's seed); `server`: POST /process of a one-turn job."""
+    limit = asyncio.Semaphore(args.engine_concurrency)
+    tokens = failed = 0
+
+    async def one(i: int) -> None:
+        nonlocal tokens, failed
+        sampling = _engine_sampling(args)
+        if arm == "direct":
+            body = {
+                **sampling, "prompt": prompts[i], "seed": i * 100, "return_token_ids": True, "logprobs": 0,
+                "stream": False, "n": 1, "model": model,
+            }  # fmt: skip
+            url = f"{target}/completions"
+        else:
+            instance = {"data_source": "followup", "question": ENGINE_QUESTIONS[i % len(ENGINE_QUESTIONS)], "seed": i}
+            body = {"instance": instance, "sampling_params": {**sampling, "turns": 1}}
+            url = f"{target}/process"
+        async with limit:
+            response = await http.post(url, json=body)
+        answer = response.json() if response.status_code == 200 else {}
+        if arm == "direct":
+            ids = answer.get("choices", [{}])[0].get("token_ids") or []
+        else:
+            ids = answer.get("trajectory", {}).get("response_ids") or [] if answer.get("status") == "completed" else []
+        tokens += len(ids)
+        failed += not ids
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    return tokens, time.monotonic() - started, failed
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process `pid` and its children (vLLM's API server and its engine-core process)."""
+    import psutil
+
+    total = 0.0
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def part_engine(args: argparse.Namespace, client: LoadClient, backend: BackendProcess) -> dict[str, Any]:
+    """Part 4: the real vLLM (CPU build) alone and through `prorl-server serve` in front of it, rounds
+    alternated (direct, server, server, direct, ...) so that drift in the machine's load hits both arms alike."""
+    from prorl_server.launch import LocalStack, auth_headers
+    from prorl_server.vllm_cpu import SERVED_MODEL_NAME, VllmCpuSettings
+
+    n = args.engine_requests
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-vllm-") as tmp, LocalStack(Path(tmp)) as stack:
+        print(f"  part 4: starting vLLM (CPU build, max_num_seqs {args.engine_concurrency}) ...", flush=True)
+        started = time.monotonic()
+        llm = stack.vllm(VllmCpuSettings(max_num_seqs=args.engine_concurrency))
+        start_s = time.monotonic() - started
+        vllm_pid = stack.procs[-1].pid
+        server = stack.server(
+            "--llm-server", llm, "--handler", f"followup={ENGINE_HANDLER_FILE}:FollowUpHandler", "--no-entry-points",
+            "--runtime", "local", "--run-workers", str(args.engine_concurrency), "--log-level", "warning",
+        )  # fmt: skip
+        server_pid = stack.procs[-1].pid
+        root = llm.removesuffix("/v1")
+        with httpx.Client(timeout=60, trust_env=False) as http:
+            prompts = []
+            for i in range(n):
+                messages = [ENGINE_SYSTEM, {"role": "user", "content": ENGINE_QUESTIONS[i % len(ENGINE_QUESTIONS)]}]
+                body = {"model": SERVED_MODEL_NAME, "messages": messages, "add_generation_prompt": True}
+                prompts.append(http.post(f"{root}/tokenize", json=body).json()["tokens"])
+        out: dict[str, Any] = {
+            "requests": n, "max_tokens": args.engine_max_tokens, "concurrency": args.engine_concurrency,
+            "rounds": args.engine_rounds, "vllm_start_s": start_s,
+        }  # fmt: skip
+
+        async def run_all() -> None:
+            headers = auth_headers()
+            async with httpx.AsyncClient(timeout=600, trust_env=False, headers=headers) as http:
+                # the same prompts through the server: its trajectory's prompt ids must be what was sent direct
+                probe = await http.post(
+                    f"{server}/process",
+                    json={
+                        "instance": {"data_source": "followup", "question": ENGINE_QUESTIONS[0], "seed": 0},
+                        "sampling_params": {**_engine_sampling(args), "turns": 1},
+                    },
+                )
+                out["same_prompt_ids"] = probe.json()["trajectory"]["prompt_ids"] == prompts[0]
+                for arm, target in (("direct", llm), ("server", server)):  # warm-up, unmeasured
+                    await _engine_round(http, arm, target, prompts[: args.engine_concurrency], args, SERVED_MODEL_NAME)
+                metrics = (await http.get(f"{server}/metrics")).text
+                out["server_tokenizes_locally"] = any(
+                    line.startswith("prorl_backend_local_tokenizer{") and line.rstrip().endswith(" 1.0")
+                    for line in metrics.splitlines()
+                )
+                runs: dict[str, list[dict[str, Any]]] = {"direct": [], "server": []}
+                order = ["direct", "server"]
+                for r in range(args.engine_rounds):
+                    for arm in order if r % 2 == 0 else order[::-1]:
+                        target = llm if arm == "direct" else server
+                        cpu0, vcpu0 = _tree_cpu_s(server_pid), _tree_cpu_s(vllm_pid)
+                        tokens, wall, failed = await _engine_round(http, arm, target, prompts, args, SERVED_MODEL_NAME)
+                        cpu, vcpu = _tree_cpu_s(server_pid) - cpu0, _tree_cpu_s(vllm_pid) - vcpu0
+                        runs[arm].append(
+                            {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "failed": failed,
+                             "server_cpu_ms_per_turn": 1000 * cpu / n, "vllm_cpu_s": vcpu}
+                        )  # fmt: skip
+                        print(
+                            f"    round {r + 1} {arm:<6}: {tokens / wall:6.1f} tokens/s ({failed} failed)", flush=True
+                        )
+                for arm, arm_runs in runs.items():
+                    tokens, wall = sum(x["tokens"] for x in arm_runs), sum(x["wall_s"] for x in arm_runs)
+                    out[arm] = {
+                        "tokens": tokens,
+                        "wall_s": wall,
+                        "tokens_per_s": tokens / wall,
+                        "failed": sum(x["failed"] for x in arm_runs),
+                        "server_cpu_ms_per_turn": statistics.median(x["server_cpu_ms_per_turn"] for x in arm_runs),
+                        "vllm_cpu_s_per_round": statistics.median(x["vllm_cpu_s"] for x in arm_runs),
+                        "runs": arm_runs,
+                    }
+
+        asyncio.run(run_all())
+    out["cost_pct"] = 100 * (1 - out["server"]["tokens_per_s"] / out["direct"]["tokens_per_s"])
+    # each round's pair (direct and server back to back): robust to a burst of other load in one round
+    pairs = zip(out["direct"]["runs"], out["server"]["runs"], strict=True)
+    out["cost_pct_median_of_rounds"] = statistics.median(
+        100 * (1 - s["tokens_per_s"] / d["tokens_per_s"]) for d, s in pairs
+    )
+    out["load_avg_1m_at_end"] = os.getloadavg()[0]
+    return out
+
+
 def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of the final table; `pass` is None for figures without a target."""
     rows: list[dict[str, Any]] = []
@@ -1031,6 +1215,27 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
             ),
         ]
+    engine = report.get("engine")
+    if engine:
+        d, s = engine["direct"], engine["server"]
+        ok = d["failed"] == 0 and s["failed"] == 0 and engine["same_prompt_ids"]
+        rows += [
+            check(
+                f"real vLLM through the server: tokens/s, {engine['requests']} x {engine['max_tokens']} tokens, "
+                f"c={engine['concurrency']} (cost)",
+                f"{s['tokens_per_s']:.1f}/s ({engine['cost_pct']:+.1f}%)",
+                f"straight to vLLM {d['tokens_per_s']:.1f}/s",
+                f"cost <= {TARGET_ENGINE_COST_PCT:g}%",
+                engine["cost_pct"] <= TARGET_ENGINE_COST_PCT and ok,
+            ),
+            check(
+                "real vLLM through the server: server CPU per turn",
+                f"{s['server_cpu_ms_per_turn']:.1f} ms",
+                f"idle server, same time: {d['server_cpu_ms_per_turn']:.1f} ms",
+                "-",
+                None,
+            ),
+        ]
     return rows
 
 
@@ -1127,6 +1332,28 @@ def print_report(report: dict[str, Any]) -> None:
             for run in journal[mode]["runs"] + pipe[mode]["runs"]:
                 if run["first_error"]:
                     print(f"  first error (journal {mode}): {run['first_error']}")
+    engine = report.get("engine")
+    if engine:
+        print(
+            f"\nPart 4 - the real vLLM alone and through the server ({engine['requests']} one-turn requests of "
+            f"{engine['max_tokens']} tokens, {engine['concurrency']} at a time, {engine['rounds']} alternated rounds; "
+            f"vLLM started in {engine['vllm_start_s']:.0f} s)"
+        )
+        print(f"  {'arm':<26}{'tokens/s':>10}{'tokens':>8}{'wall s':>8}{'server ms/turn':>16}{'vLLM cpu s':>12}")
+        for label, key in (("straight to vLLM", "direct"), ("through POST /process", "server")):
+            f = engine[key]
+            print(
+                f"  {label:<26}{f['tokens_per_s']:>10.1f}{f['tokens']:>8}{f['wall_s']:>8.1f}"
+                f"{f['server_cpu_ms_per_turn']:>16.1f}{f['vllm_cpu_s_per_round']:>12.1f}"
+            )
+        print(
+            f"  cost {engine['cost_pct']:+.1f}% (median of the rounds' pairs {engine['cost_pct_median_of_rounds']:+.1f}%); "
+            f"the server's prompt ids equal the direct ones: "
+            f"{engine['same_prompt_ids']}; the server tokenizes locally (no /tokenize): "
+            f"{engine['server_tokenizes_locally']}; load average at the end {engine['load_avg_1m_at_end']:.1f}\n"
+            "  server ms/turn: the server process's CPU over the round / requests (straight to vLLM: the idle\n"
+            "  server's own background work over the same time); vLLM cpu s: vLLM's processes' CPU per round"
+        )
     rows = report["checks"]
     print_checks(rows)
 
@@ -1170,6 +1397,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--journal-payload-bytes", type=int, default=4096, help="part 3: size of each result's artifact"
     )
     parser.add_argument("--skip-journal", action="store_true", help="skip part 3")
+    parser.add_argument(
+        "--engine",
+        choices=["scripted", "vllm"],
+        default="scripted",
+        help="vllm: also part 4, the real vLLM (CPU build, scripts/setup-vllm.sh) alone and through the server",
+    )
+    parser.add_argument("--engine-requests", type=positive_int, default=32, help="part 4: one-turn requests per round")
+    parser.add_argument("--engine-max-tokens", type=positive_int, default=64, help="part 4: tokens per request")
+    parser.add_argument("--engine-concurrency", type=positive_int, default=4, help="part 4: requests in flight")
+    parser.add_argument("--engine-rounds", type=positive_int, default=4, help="part 4: rounds of each arm")
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -1245,6 +1482,7 @@ def main(argv: list[str] | None = None) -> int:
             ("overhead", part_overhead, args.skip_overhead),
             ("pipeline", part_pipeline, args.skip_pipeline),
             ("journal", part_journal, args.skip_journal),
+            ("engine", part_engine, args.engine != "vllm"),
         ]
         for key, part, skip in parts:
             if skip:

@@ -10,10 +10,13 @@ directory and is driven through the real host client (`ToolClient`, asyncio). Ot
 skews the figures: the 1-minute load average at start is printed and kept.
 
 Bash round trip: three commands (`true`, `echo hello`, and `yes hello | head -c 1000000`, 1 MB of output
-returned in full: max_output is raised above 1 MB), timed from the caller's side, on three systems. Each
+returned in full: max_output is raised above 1 MB), timed from the caller's side, on four systems. Each
 system's series runs in 4 rounds, with the systems' order rotating from round to round, so a change of
 load hits all alike while each series stays in its steady state (`--warmup` untimed calls start each block):
     - prorl: `ToolClient.bash` -> Unix socket -> server thread -> persistent bash on a pty (ptyprocess).
+    - pty: the floor of any shell on a pseudo-terminal: bash started as the execution server starts it, driven
+      from the benchmark's process by a bare write-then-read-to-a-marker loop (no script file, socket, JSON,
+      capping or cleaning). The terminal's line discipline hands the reader at most 4 KiB per read.
     - tmux: the conventional tmux-driven shell: a persistent bash in a detached tmux session on a private
       tmux server (`-L`, killed at the end) with a large history; per command `send-keys` of the command
       followed by `echo __EC__$?` and `tmux wait-for -S <channel>`, then `tmux wait-for <channel>` (blocks
@@ -21,6 +24,8 @@ load hits all alike while each series stays in its steady state (`--warmup` unti
       and `clear-history`.
     - subprocess: `subprocess.run(["bash", "-c", cmd], capture_output=True)`, a fresh shell per command
       (no state kept between commands; the floor of what a non-persistent runner costs).
+Targets: bash `true` <= 2 ms p50 and >= 20x faster than tmux; 1 MB of output within 2x of the raw subprocess
+(`bash -c`, a pipe) in the same run.
 IPython round trip: `1+1` through `ToolClient.ipython` (kernel already started; its start-up, the first
 call, is reported apart).
 Start-up: time from spawning the server to its answer to a `ping` on a fresh connection, with the client
@@ -39,7 +44,7 @@ JSON output (`--json PATH`); times in milliseconds::
       "elapsed_s": wall time of the whole benchmark,
       "bash": {
         "true" | "echo" | "1mb": {
-          "prorl" | "tmux" | "subprocess": {"n", "p50_ms", "p99_ms", "mean_ms"}
+          "prorl" | "pty" | "tmux" | "subprocess": {"n", "p50_ms", "p99_ms", "mean_ms"}
         }
       },
       "speedup": {"true" | "echo" | "1mb": {"vs_tmux", "vs_subprocess"}},   # p50 of the other / p50 prorl
@@ -82,10 +87,11 @@ from prorl_server.tools.protocol import SOCKET_NAME
 
 TARGET_TRUE_P50_MS = 2.0
 TARGET_SPEEDUP_VS_TMUX = 20.0
+TARGET_1MB_VS_SUBPROCESS = 2.0  # bash with 1 MB of output, p50: prorl / a fresh `bash -c` (raw subprocess)
 ONE_MB = 1_000_000
 COMMANDS = {"true": "true", "echo": "echo hello", "1mb": f"yes hello | head -c {ONE_MB}"}
 EXPECTED_OUTPUT = {"true": 0, "echo": len("hello\n"), "1mb": ONE_MB}  # characters of output
-SYSTEMS = ("prorl", "tmux", "subprocess")
+SYSTEMS = ("prorl", "pty", "tmux", "subprocess")
 ROUNDS = 4  # each system's series is split in rounds, the order of systems rotating between rounds
 
 # ------------------------------------------------------------------------------------------------
@@ -104,7 +110,7 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------
-# The three shells
+# The four shells
 # ------------------------------------------------------------------------------------------------
 
 
@@ -182,6 +188,41 @@ class TmuxShell:
         return subprocess.run([*self.tmux, *args], capture_output=True, text=True, check=True).stdout
 
 
+class PtyShell:
+    """The floor of a persistent shell on a pseudo-terminal: bash started as the execution server starts it
+    (tools/bash.py: same argv, environment and `stty -onlcr`), driven from this process by a bare loop that
+    writes the command with an end marker and reads the terminal (64 KiB reads) until the marker. No script
+    file, no socket, no JSON, no output capping or cleaning: what any pty-based shell pays."""
+
+    def __init__(self, workdir: str) -> None:
+        from ptyprocess import PtyProcess
+
+        from prorl_server.tools.bash import DIMENSIONS, SHELL_ARGV, SHELL_ENV, SHELL_INIT, default_signals
+
+        env = dict(os.environ, **SHELL_ENV)
+        self.proc = PtyProcess.spawn(
+            SHELL_ARGV, cwd=workdir, env=env, echo=False, dimensions=DIMENSIONS, preexec_fn=default_signals
+        )
+        self.sequence = 0
+        self.run(SHELL_INIT)
+
+    def run(self, command: str) -> str:
+        """Run a command; returns its output (the marker cut off)."""
+        self.sequence += 1
+        marker = f"__pty_done_{self.sequence}__".encode()
+        os.write(self.proc.fd, f"{command}; printf '__pty_done_%d__' {self.sequence}\n".encode())
+        buffer = bytearray()
+        while True:
+            buffer += os.read(self.proc.fd, 1 << 16)
+            end = buffer.find(marker, max(0, len(buffer) - (1 << 16) - len(marker)))
+            if end >= 0:
+                return buffer[:end].decode()
+
+    def close(self) -> None:
+        """Kill the shell."""
+        self.proc.terminate(force=True)
+
+
 def run_fresh_bash(command: str) -> str:
     """A new `bash -c` per command."""
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
@@ -193,13 +234,15 @@ def run_fresh_bash(command: str) -> str:
 
 
 async def part_bash_and_ipython(args: argparse.Namespace) -> dict[str, Any]:
-    """Interleaved bash round trips on the three systems, then IPython round trips."""
+    """Interleaved bash round trips on the four systems, then IPython round trips."""
     server = ExecutionServer()
     tmux: TmuxShell | None = None
+    pty: PtyShell | None = None
     client = ToolClient(server.socket_path)
     try:
         await client.wait_ready(timeout=30)
         tmux = TmuxShell(str(server.base))
+        pty = PtyShell(str(server.base))
         prorl_max_output = 2 * ONE_MB
 
         async def prorl(command: str) -> str:
@@ -225,6 +268,8 @@ async def part_bash_and_ipython(args: argparse.Namespace) -> dict[str, Any]:
                             output = await prorl(command)
                         elif system == "tmux":
                             output = tmux.run(command)
+                        elif system == "pty":
+                            output = pty.run(command)
                         else:
                             output = run_fresh_bash(command)
                         elapsed = time.perf_counter() - started
@@ -256,6 +301,8 @@ async def part_bash_and_ipython(args: argparse.Namespace) -> dict[str, Any]:
         await client.aclose()
         if tmux is not None:
             tmux.close()
+        if pty is not None:
+            pty.close()
         server.close()
 
 
@@ -335,6 +382,27 @@ def build_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
                     speedup >= TARGET_SPEEDUP_VS_TMUX if has_target else None,
                 )
             )
+        one_mb = bash["1mb"]
+        ratio = one_mb["prorl"]["p50_ms"] / one_mb["subprocess"]["p50_ms"]
+        rows.append(
+            check(
+                "1 MB output p50 vs raw subprocess (bash -c)",
+                f"{ratio:.2f}x ({one_mb['prorl']['p50_ms']:.1f} ms)",
+                f"bash -c {one_mb['subprocess']['p50_ms']:.1f} ms",
+                f"<= {TARGET_1MB_VS_SUBPROCESS:g}x",
+                ratio <= TARGET_1MB_VS_SUBPROCESS,
+            )
+        )
+        floor = one_mb["pty"]["p50_ms"]
+        rows.append(
+            check(
+                "  of which a bare pty shell (the floor) vs raw subprocess",
+                f"{floor / one_mb['subprocess']['p50_ms']:.2f}x ({floor:.1f} ms)",
+                f"prorl adds {one_mb['prorl']['p50_ms'] - floor:.1f} ms to it",
+                "-",
+                None,
+            )
+        )
     ipython = report.get("ipython")
     if ipython:
         cell = ipython["one_plus_one"]

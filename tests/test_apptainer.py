@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxLimits, SandboxSpec
-from prorl_server.sandbox.apptainer import ENV_BINARY, ApptainerRuntime, find_apptainer
+from prorl_server.sandbox.apptainer import (
+    ENV_BINARY,
+    ApptainerRuntime,
+    copy_sparse,
+    find_apptainer,
+    stage_tool_packages,
+)
 from prorl_server.sandbox.process_sandbox import ProcessSandbox, group_members
 from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
 
@@ -206,6 +212,46 @@ async def test_disk_and_file_size_limits(runtime: ApptainerRuntime):
     filled = await sh(sandbox, "for i in 1 2 3 4 5 6 7 8 9; do dd if=/dev/zero of=/tmp/f$i bs=1M count=8 2>&1; done")
     assert "No space left on device" in filled
     await sandbox.close()
+
+
+async def test_sandboxes_of_one_overlay_template_each_write_their_own_disk(runtime: ApptainerRuntime):
+    limits = SandboxLimits(disk_mb=64)
+    first, second = await runtime.start(spec(limits=limits)), await runtime.start(spec(limits=limits))
+    await sh(first, "echo one > /workspace/mine; dd if=/dev/zero of=/tmp/fill bs=1M count=40 2>/dev/null")
+    assert await sh(second, "ls /workspace; df -m /tmp | tail -1 | awk '{print $3 < 10}'") == "1"
+    assert await sh(first, "cat /workspace/mine") == "one"
+    templates = list((runtime.base_dir / runtime.owner / "overlays").glob("*.img"))
+    assert len(templates) == 1  # made once, copied per sandbox
+    await first.close()
+    await second.close()
+    runtime.close()
+    assert not (runtime.base_dir / runtime.owner / "overlays").exists()
+
+
+def test_copy_sparse_copies_the_data_and_keeps_the_holes(tmp_path: Path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    with open(source, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(1 << 20)
+        f.write(b"a" * 5000)
+        f.seek(40 << 20)
+        f.write(b"b" * 3)
+    copy_sparse(source, target)
+    assert target.stat().st_size == source.stat().st_size
+    with open(source, "rb") as a, open(target, "rb") as b:
+        for offset in (0, 1 << 20, (1 << 20) + 4999, 40 << 20, (64 << 20) - 1):
+            a.seek(offset)
+            b.seek(offset)
+            assert a.read(16) == b.read(16)
+    assert target.stat().st_blocks * 512 < 1 << 20  # the holes were not written
+    with pytest.raises(FileExistsError):
+        copy_sparse(source, target)
+
+
+def test_staged_tool_packages_carry_their_bytecode(tmp_path: Path):
+    dest = stage_tool_packages(tmp_path / "lib")
+    assert list((dest / "prorl_server" / "tools" / "__pycache__").glob("server.*.pyc"))
+    assert list((dest / "ptyprocess" / "__pycache__").glob("*.pyc"))
 
 
 async def test_rlimits_reach_the_agents_processes(runtime: ApptainerRuntime):

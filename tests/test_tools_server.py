@@ -477,3 +477,19 @@ async def test_closed_client_refuses_calls(shared_server: RunningServer) -> None
     await tools.aclose()
     with pytest.raises(ToolError, match="ClientClosed"):
         await tools.ping()
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("jupyter_client"), reason="needs jupyter_client")
+def test_a_server_without_site_finds_jupyter_client_in_site_packages_on_first_use():
+    # a sandbox's server runs with -I -S (no site-packages scan at start); IPython's first call adds them
+    src = str(Path(prorl_server.__file__).resolve().parent.parent)
+    code = (
+        f"import sys; sys.path.insert(0, {src!r})\n"
+        "assert 'site' not in sys.modules and not any('site-packages' in p for p in sys.path)\n"
+        "from prorl_server.tools.ipython_kernel import import_jupyter_client\n"
+        "client, write = import_jupyter_client()\n"
+        "print(client.__name__, write.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["BlockingKernelClient", "write_connection_file"]

@@ -7,14 +7,15 @@ its sandboxes as an unprivileged uid (`run_as`, `--security uid:N,gid:N`): appta
 host's root, which may write host-wide settings such as /proc/sys/kernel/core_pattern. For the same
 reason a root server refuses `fakeroot` (apptainer maps a root caller's fake root to the real one).
 
-The container's root is writable through an overlay: a sparse ext3 image of `limits.disk_mb` (made with
-mkfs.ext3) or, with `disk_mb=None`, a host directory. The working directory (also $HOME), /tmp and
-/var/tmp live in it. The execution server serves a listening socket the host made and passed down as a
-descriptor (no host directory is bound for it); with `host_tools` a copy of this
-host's execution-server packages appears read-only at /.prorl and comes first on the server's sys.path,
-so plain images (python3 only) work and the server always speaks this host's protocol. A .sif image is
-unpacked once into a directory under the cache directory and run from there (`unpack_sif`): a fresh
-squashfs mount starts with a cold page cache, which costs every start about 100 ms of decompressing Python.
+The container's root is writable through an overlay: a sparse ext3 image of `limits.disk_mb` (a sparse copy of
+one mkfs.ext3 made once per size and working directory) or, with `disk_mb=None`, a host directory. The working
+directory (also $HOME), /tmp and /var/tmp live in it. The execution server serves a listening socket the host
+made and passed down as a descriptor (no host directory is bound for it); with `host_tools` a copy of this
+host's execution-server packages (compiled to bytecode once) appears read-only at /.prorl and comes first on
+the server's sys.path, so plain images (python3 only) work and the server always speaks this host's protocol.
+A .sif image is unpacked once into a directory under the cache directory and run from there (`unpack_sif`): a
+fresh squashfs mount starts with a cold page cache, which costs every start about 100 ms of decompressing
+Python.
 
 The environment is scrubbed (--cleanenv); the container's variables, owner tags included, are passed as
 APPTAINERENV_*, so every process inside carries PRORL_SANDBOX_OWNER (apptainer's own `starter` and
@@ -26,6 +27,8 @@ systemd or extra configuration), disk by the overlay's size. See docs/sandboxes.
 from __future__ import annotations
 
 import asyncio
+import compileall
+import errno
 import fcntl
 import hashlib
 import os
@@ -84,6 +87,10 @@ def stage_tool_packages(dest: Path) -> Path:
     shutil.copy2(server / "__init__.py", dest / "prorl_server" / "__init__.py")
     shutil.copytree(server / "tools", dest / "prorl_server" / "tools", ignore=ignore)
     shutil.copytree(package_dir("ptyprocess"), dest / "ptyprocess", ignore=ignore)
+    # The bytecode too: the copy is bound read-only, so without it every sandbox's Python compiles the execution
+    # server from source at each start (20-35 ms of a start on 2 cores, 1.5 ms with it). Used by an image
+    # Python of this host's version (other versions look for their own tag and compile as before).
+    compileall.compile_dir(dest, quiet=2)
     return dest
 
 
@@ -139,6 +146,28 @@ def env_value(value: str) -> str:
     return re.sub(r"([\\$`])", r"\\\1", value)
 
 
+def copy_sparse(source: Path, target: Path) -> None:
+    """Copy `source` to a new file `target`, only its data extents (SEEK_DATA/SEEK_HOLE): holes stay holes."""
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        offset = 0
+        while offset < size:
+            try:
+                data = os.lseek(src.fileno(), offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: nothing but a hole after offset
+                    raise
+                break
+            end = os.lseek(src.fileno(), data, os.SEEK_HOLE)
+            while data < end:
+                copied = os.copy_file_range(src.fileno(), dst.fileno(), end - data, data, data)
+                if copied == 0:
+                    raise OSError(f"{source} changed while it was copied")
+                data += copied
+            offset = end
+        dst.truncate(size)
+
+
 def _mkfs_ext3() -> str | None:
     """mkfs.ext3 from e2fsprogs (often in sbin, which is not on every user's PATH)."""
     path = os.pathsep.join([os.environ.get("PATH", ""), *SBIN])
@@ -180,6 +209,8 @@ class ApptainerRuntime(ProcessRuntime):
         self._mkfs = _mkfs_ext3()
         self._nproc = os.geteuid() != 0 and not any("pids" in h.controllers for h in self.cgroups)
         self._lib_lock = threading.Lock()
+        self._overlay_lock = threading.Lock()
+        self._overlay_templates: dict[tuple[int, str], Path] = {}  # (disk_mb, workdir) -> a fresh ext3 overlay
 
     @classmethod
     def available(cls) -> str | None:
@@ -198,6 +229,13 @@ class ApptainerRuntime(ProcessRuntime):
         if spec.image is not None:
             await asyncio.to_thread(self.prepare, spec.image)
         return await super().start(spec, fork=fork)
+
+    def close(self) -> None:
+        """Remove the overlay templates too (made again on the next start)."""
+        with self._overlay_lock:
+            self._overlay_templates.clear()
+            shutil.rmtree(self.base_dir / self.owner / "overlays", ignore_errors=True)
+        super().close()
 
     def fork_unavailable(self) -> str | None:
         """None: a fork is apptainer's own stack of overlays (the snapshot read-only below a fresh one)."""
@@ -223,27 +261,52 @@ class ApptainerRuntime(ProcessRuntime):
         return lib
 
     def _overlay(self, spec: SandboxSpec, directory: Path) -> Path:
-        """The writable layer: an ext3 image of disk_mb (or a directory if None) holding upper/<workdir>."""
-        seed = directory / "overlay"
+        """The writable layer: an ext3 image of disk_mb (or a directory if None) holding upper/<workdir>.
+
+        The ext3 image is a sparse copy of a template made once per (disk_mb, workdir) by mkfs.ext3 (a few MB
+        of data copied instead of a mkfs process per start)."""
+        if spec.limits.disk_mb is None:
+            return self._overlay_seed(spec, directory / "overlay")
+        key = (spec.limits.disk_mb, spec.workdir)
+        with self._overlay_lock:
+            template = self._overlay_templates.get(key)
+            if template is None or not template.exists():
+                template = self._overlay_templates[key] = self._make_overlay_template(spec)
+        image = directory / "overlay.img"
+        copy_sparse(template, image)
+        return image
+
+    def _overlay_seed(self, spec: SandboxSpec, seed: Path) -> Path:
+        """The overlay's directory tree: upper/<workdir> (owned by `run_as` if set) and work/."""
         (seed / "upper").mkdir(parents=True)
         (seed / "work").mkdir()
         workdir = seed / "upper" / spec.workdir.lstrip("/")
         workdir.mkdir(parents=True)
         if self.run_as is not None:
             os.chown(workdir, self.run_as, self.run_as)
-        if spec.limits.disk_mb is None:
-            return seed
+        return seed
+
+    def _make_overlay_template(self, spec: SandboxSpec) -> Path:
+        """A fresh ext3 image of `spec.limits.disk_mb` holding the overlay's tree, in this owner's directory."""
         if self._mkfs is None:
             raise SandboxError("limits.disk_mb needs mkfs.ext3 on the host (install e2fsprogs) or disk_mb=None")
-        image = directory / "overlay.img"
-        with open(image, "wb") as f:
-            f.truncate(spec.limits.disk_mb * MB)
-        made = subprocess.run(
-            [self._mkfs, "-q", "-F", "-J", "size=4", "-d", str(seed), str(image)], capture_output=True, text=True
-        )
-        if made.returncode != 0:
-            raise SandboxError(f"mkfs.ext3 of the {spec.limits.disk_mb} MB overlay failed: {made.stderr.strip()}")
-        shutil.rmtree(seed)
+        templates = self.base_dir / self.owner / "overlays"
+        templates.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = hashlib.sha256(f"{spec.limits.disk_mb}:{spec.workdir}".encode()).hexdigest()[:16]
+        shutil.rmtree(templates / f"{name}.seed", ignore_errors=True)  # left by an interrupted start
+        seed = self._overlay_seed(spec, templates / f"{name}.seed")
+        image = templates / f"{name}.img"
+        try:
+            with open(image, "wb") as f:
+                f.truncate(spec.limits.disk_mb * MB)
+            made = subprocess.run(
+                [self._mkfs, "-q", "-F", "-J", "size=4", "-d", str(seed), str(image)], capture_output=True, text=True
+            )
+            if made.returncode != 0:
+                image.unlink()
+                raise SandboxError(f"mkfs.ext3 of the {spec.limits.disk_mb} MB overlay failed: {made.stderr.strip()}")
+        finally:
+            shutil.rmtree(seed, ignore_errors=True)
         return image
 
     def apptainer_args(self, spec: SandboxSpec, directory: Path, fork: Snapshot | None = None) -> list[str]:
@@ -307,6 +370,9 @@ class ApptainerRuntime(ProcessRuntime):
         """apptainer exec of the rlimit bootstrap that runs the execution server."""
         # HOME through env(1): apptainer refuses to set it from APPTAINERENV_HOME, and --home under --security
         args = self.apptainer_args(spec, slot.directory, slot.fork)
-        argv = [*args, "env", f"HOME={spec.workdir}", "python3", "-I", "-c", BOOT_CODE]
+        # -S (no site-packages scan, some ms of each start) when the server comes from the host's copy; the IPython
+        # tool adds site-packages on its first use (ipython_kernel.import_jupyter_client)
+        python = ["python3", "-I", "-S"] if self.host_tools else ["python3", "-I"]
+        argv = [*args, "env", f"HOME={spec.workdir}", *python, "-c", BOOT_CODE]
         fds = () if landlock_fd is None else (landlock_fd,)
         return Command(argv, self.environment(spec, slot, address, landlock_fd), slot.directory, pass_fds=fds)

@@ -21,6 +21,10 @@ import time
 from prorl_server.tools.output import TextCapture, observation
 from prorl_server.tools.processes import kill_session
 
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: nothing imported that the server does not need
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 START_TIMEOUT_S = 60.0
 INTERRUPT_GRACE_S = 3.0  # after SIGINT, how long the kernel has to finish the cell
 LIVENESS_CHECK_S = 0.5
@@ -33,6 +37,24 @@ class IPythonUnavailable(Exception):
 
 class KernelDied(Exception):
     """The kernel process exited."""
+
+
+def import_jupyter_client() -> tuple[type, Callable[..., tuple[str, dict]]]:
+    """jupyter_client's BlockingKernelClient and write_connection_file. A server started without `site` (-S,
+    which saves every sandbox start the site-packages scan) adds the interpreter's site-packages first, on
+    this first use, when they are not on sys.path yet."""
+    try:
+        from jupyter_client import BlockingKernelClient
+        from jupyter_client.connect import write_connection_file
+    except ImportError:
+        if not sys.flags.no_site or "site" in sys.modules:
+            raise
+        import site
+
+        site.main()
+        from jupyter_client import BlockingKernelClient
+        from jupyter_client.connect import write_connection_file
+    return BlockingKernelClient, write_connection_file
 
 
 class IPythonSession:
@@ -126,8 +148,7 @@ class IPythonSession:
 
     def _start(self) -> None:
         try:
-            from jupyter_client import BlockingKernelClient
-            from jupyter_client.connect import write_connection_file
+            kernel_client, write_connection_file = import_jupyter_client()
         except ImportError as exc:
             raise IPythonUnavailable(
                 f"IPython needs jupyter_client and ipykernel in the sandbox's Python ({sys.executable}): {exc}"
@@ -159,7 +180,7 @@ class IPythonSession:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.client = BlockingKernelClient(connection_file=connection_file)
+        self.client = kernel_client(connection_file=connection_file)
         self.client.load_connection_file()
         self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         if not self._wait_ready(time.monotonic() + START_TIMEOUT_S):
