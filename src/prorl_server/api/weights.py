@@ -1,6 +1,6 @@
 """Weight-update routes: the trainer pauses LLM dispatching, updates the engines, sets the version, resumes.
 
-While paused, LLM calls wait at the backend pool's dispatch gate (`llm/dispatch_gate.py`): the wait does
+While paused, LLM calls wait at the backend pool's weight-pause gate (`llm/weight_pause_gate.py`): the wait does
 not spend their retry budget and is no backend failure. Every turn records the weight version of the
 backend that sampled it, and requests carry `cache_salt` naming that version.
 

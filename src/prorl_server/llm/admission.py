@@ -7,7 +7,7 @@ cancelled while waiting (a job cancel or timeout, a stop, a weight-update abort)
 that was being cancelled at that moment is handed on to the next waiter, so no cancellation keeps a slot.
 
 Thread-safe and usable from any event loop: waiters are woken with `call_soon_threadsafe`, as in
-`dispatch_gate`.
+`weight_pause_gate`.
 """
 
 from __future__ import annotations

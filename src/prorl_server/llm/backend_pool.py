@@ -15,7 +15,6 @@ from typing import Any
 from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
-from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
 from prorl_server.llm.errors import LLMError, NoBackendAvailable
 from prorl_server.llm.local_tokenizer import ChatTokenizer, TokenizerCache
 from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
@@ -23,6 +22,7 @@ from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
 from prorl_server.llm.tokenizer_check import TokenizerChoice, choose_tokenizer
 from prorl_server.llm.vllm_client import VLLMClient
+from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
 from prorl_server.scheduling.view import TrajectoryView
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class BackendPool:
         self._order = itertools.count()
         self._cache: dict[tuple[str, str], Any] = {}
         self._probed_at: dict[str, float] = {}
-        self.gate = DispatchGate()  # held closed by the trainer during weight updates (api/weights.py)
+        self.gate = WeightPauseGate()  # held closed by the trainer during weight updates (api/weights.py)
         self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
         self.current_version: str | int | None = None  # the version last set by set_weight_version
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to

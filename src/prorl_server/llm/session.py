@@ -23,7 +23,6 @@ from typing import Any, Literal, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
-from prorl_server.llm.dispatch_gate import DispatchAborted, PauseClock, Ticket
 from prorl_server.llm.errors import (
     BackendRequestError,
     BackendUnavailable,
@@ -39,6 +38,7 @@ from prorl_server.llm.tokenizer_check import BASE as _BASE
 from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
+from prorl_server.llm.weight_pause_gate import DispatchAborted, PauseClock, Ticket
 from prorl_server.protocol import Trajectory, TurnRecord, WeightSpan
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.telemetry import TrajectoryTelemetry
@@ -146,7 +146,7 @@ class LLMSession:
     pool's retry budget; while no backend can take it, it waits within the same budget.
 
     Bounded staleness: with `max_staleness` set, each sampled turn is first checked against the job's
-    turns so far: when the version it would be sampled under (its backend's, read after the dispatch gate,
+    turns so far: when the version it would be sampled under (its backend's, read after the weight-pause gate,
     so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
     version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
     `stale` (this and every later call raises), and "continue" samples it anyway. A group's refill also
@@ -250,7 +250,7 @@ class LLMSession:
 
         async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
             # the weights this request was sent to: updates happen only while no call is in flight (the
-            # dispatch gate), and a call aborted for an update is sent again, reading the new version
+            # weight-pause gate), and a call aborted for an update is sent again, reading the new version
             version = backend.weight_version
             self._check_staleness(version)
             max_new = requested_tokens(params, len(prompt), backend.max_model_len)
@@ -474,7 +474,7 @@ class LLMSession:
     ) -> tuple[T, Backend]:
         """Run `call` on the job's backend; when the backend fails, retry (see the class docstring).
 
-        Each attempt passes the pool's dispatch gate: while the trainer has paused dispatching for a weight
+        Each attempt passes the pool's weight-pause gate: while the trainer has paused dispatching for a weight
         update the attempt waits there, and that wait neither spends the retry budget nor counts as a
         failure; an attempt the pause aborted is sent again after the resume (nothing of it is kept). With a
         `priority` (completions), the attempt then waits for its backend's admission slot, if the pool limits

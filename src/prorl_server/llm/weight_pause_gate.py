@@ -1,4 +1,4 @@
-"""DispatchGate: holds LLM calls back while the trainer updates the policy's weights.
+"""WeightPauseGate: holds LLM calls back while the trainer updates the policy's weights.
 
 Every backend request of an LLMSession passes the gate (`enter`, then `Ticket.run`, then `exit`). While
 the gate is paused no call is dispatched: `enter` waits (on whatever event loop the caller runs: each
@@ -33,7 +33,7 @@ _PRECEDENCE: dict[PauseMode, int] = {"wait": 0, "keep": 1, "abort": 2}  # a paus
 
 
 class Paused(NamedTuple):
-    """What one `DispatchGate.pause` did to the calls in flight."""
+    """What one `WeightPauseGate.pause` did to the calls in flight."""
 
     waited_for: int
     aborted: int
@@ -75,7 +75,7 @@ class Ticket:
     """One call admitted through the gate; `waited_s` is how long it was held back by a pause, `resumed_under`
     the versions set while a keep pause held it frozen."""
 
-    gate: DispatchGate
+    gate: WeightPauseGate
     waited_s: float
     clock: PauseClock | None = None
     aborted: bool = False
@@ -168,7 +168,7 @@ class Ticket:
                     timeout.reschedule(deadline + frozen_s)
 
 
-class DispatchGate:
+class WeightPauseGate:
     """Pause/resume switch and in-flight counter for backend calls, usable from any thread or loop."""
 
     def __init__(self) -> None:
