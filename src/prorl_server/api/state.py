@@ -37,6 +37,7 @@ from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
+from prorl_server.threadsafe import call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class ResultSignal:
     def notify(self) -> None:
         """Called by the result store after each put."""
         if self._waiting and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._fire)
+            call_in_loop(self._loop, self._fire)
 
     def _fire(self) -> None:
         assert self._event is not None

@@ -28,6 +28,7 @@ from prorl_server.protocol import (
     WeightsStatus,
 )
 from prorl_server.protocol.endpoints import read_endpoints
+from prorl_server.threadsafe import call_in_loop, run_in_loop
 
 T = TypeVar("T")
 
@@ -247,7 +248,7 @@ class SyncRolloutClient:
         if not self._thread.is_alive():
             call.close()
             raise RuntimeError("this SyncRolloutClient is closed")
-        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        future = run_in_loop(self._loop, call)
         try:
             return future.result()
         except BaseException:
@@ -267,7 +268,7 @@ class SyncRolloutClient:
                 self._run(close())
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        call_in_loop(self._loop, self._loop.stop)
         self._thread.join()
         self._loop.close()
 
