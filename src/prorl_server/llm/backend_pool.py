@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
@@ -23,7 +23,11 @@ from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updat
 from prorl_server.llm.tokenizer_check import TokenizerChoice, choose_tokenizer
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
+from prorl_server.llm.weight_update import WeightVersions
 from prorl_server.scheduling.view import TrajectoryView
+
+if TYPE_CHECKING:
+    from prorl_server.llm.session import TemplateShape
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,14 @@ class Lease:
 
     backend: Backend
     trial: bool
+
+
+@dataclass(slots=True)
+class BackendNotes:
+    """What the server learned about one backend address, kept until it leaves the pool."""
+
+    template_shape: TemplateShape | None = None  # its chat template around an assistant message (session.py)
+    weights_path: str | None = None  # the checkpoint it last reloaded, loaded back on a failure (weight_update.py)
 
 
 class BackendPool:
@@ -68,6 +80,9 @@ class BackendPool:
         max_inflight_per_backend: int | None = None,
         tokenizer_cache: TokenizerCache | None = None,
         tokenizer_path: str | None = None,
+        on_completion: Callable[[str, int, int, float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+        on_tokenization: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
         self.tokenizer_cache = tokenizer_cache
@@ -83,18 +98,17 @@ class BackendPool:
         self._backends: dict[str, Backend] = {}
         self._pins: dict[str, Backend] = {}
         self._order = itertools.count()
-        self._cache: dict[tuple[str, str], Any] = {}
+        self._notes: dict[str, BackendNotes] = {}  # per backend address
         self._probed_at: dict[str, float] = {}
         self.gate = WeightPauseGate()  # held closed by the trainer during weight updates (api/weights.py)
-        self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
-        self.current_version: str | int | None = None  # the version last set by set_weight_version
+        self.versions = WeightVersions()  # every weight version set so far, and the current one
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
         self._admission: dict[str, AdmissionGate] = {}  # per backend address, with max_inflight_per_backend
         # metrics: each answered completion (address, prompt tokens, output tokens, seconds), each failed request
-        self.on_completion: Callable[[str, int, int, float], None] | None = None
-        self.on_failure: Callable[[str], None] | None = None
+        self.on_completion = on_completion
+        self.on_failure = on_failure
         # each backend's tokenization decision: (address, "local" or why not: not_found, unloadable, differs)
-        self.on_tokenization: Callable[[str, str], None] | None = None
+        self.on_tokenization = on_tokenization
 
     # registration -----------------------------------------------------------------------------
 
@@ -111,38 +125,23 @@ class BackendPool:
             backend.tags = dict(tags or {})
             backend.healthy = True
             backend.last_error = None
-            if weight_version is not None and weight_version not in self._versions_used:
-                self._versions_used.append(weight_version)
+            self.versions.registered(weight_version)
             return backend
 
     # weight versions ----------------------------------------------------------------------------
 
+    @property
+    def current_version(self) -> str | int | None:
+        """The version last set by `set_weight_version`."""
+        return self.versions.current
+
     def version_distance(self, old: str | int, new: str | int) -> int | None:
-        """How many versions `new` is ahead of `old` (negative when behind): their difference for two
-        integers, else how far apart they are in the order versions were set or registered. None when
-        either is unknown to the pool."""
-        if _is_int(old) and _is_int(new):
-            return int(new) - int(old)
-        with self._lock:
-            used = list(self._versions_used)
-        positions = [next((i for i, v in enumerate(used) if type(v) is type(x) and v == x), None) for x in (old, new)]
-        if None in positions:
-            return None
-        return positions[1] - positions[0]
+        """How many versions `new` is ahead of `old` (`WeightVersions.distance`)."""
+        return self.versions.distance(old, new)
 
     def version_conflict(self, version: str | int) -> str | None:
-        """Why `version` may not be the next weight version (None when it may): an integer must be greater
-        than every integer version set before, a string must differ from every version set before (as text,
-        since the version names the prefix-cache salt)."""
-        with self._lock:
-            used = list(self._versions_used)
-        if isinstance(version, int):
-            ints = [v for v in used if isinstance(v, int)]
-            if ints and version <= max(ints):
-                return f"weight version {version} does not increase (the latest integer version is {max(ints)})"
-        if any(str(v) == str(version) for v in used):
-            return f"weight version {version!r} was already used"
-        return None
+        """Why `version` may not be the next weight version, None when it may (`WeightVersions.conflict`)."""
+        return self.versions.conflict(version)
 
     def set_weight_version(
         self, version: str | int, servers: list[tuple[str, dict | None]] | None = None
@@ -151,8 +150,7 @@ class BackendPool:
         instead (each at `version`; the others are removed, and jobs pinned to them are re-placed on their
         next call, which sends the whole token context again). Returns the backends, oldest first."""
         with self._lock:
-            self._versions_used.append(version)
-            self.current_version = version
+            self.versions.set(version)
             if servers is None:
                 for backend in self._backends.values():
                     backend.weight_version = version
@@ -161,8 +159,7 @@ class BackendPool:
             for address in [a for a in self._backends if a not in wanted]:
                 del self._backends[address]
                 self._probed_at.pop(address, None)
-                for key in [k for k in self._cache if k[0] == address]:
-                    del self._cache[key]
+                self._notes.pop(address, None)
             for address, tags in wanted.items():
                 backend = self._backends.get(address)
                 if backend is None:
@@ -187,8 +184,7 @@ class BackendPool:
             if backend is None:
                 return None
             self._probed_at.pop(address, None)
-            for key in [k for k in self._cache if k[0] == address]:
-                del self._cache[key]
+            self._notes.pop(address, None)
             pinned = sum(b is backend for b in self._pins.values())
             aborted = 0
             if abort:
@@ -206,7 +202,7 @@ class BackendPool:
         with self._lock:
             count = len(self._backends)
             self._backends.clear()
-            self._cache.clear()
+            self._notes.clear()
             self._probed_at.clear()
             return count
 
@@ -397,17 +393,16 @@ class BackendPool:
         """Stall timeout of tokenize, detokenize and model queries."""
         return self.stall_timeout_s if self.stall_timeout_s is not None else STALL_FLOOR_S
 
-    # per-backend cache -------------------------------------------------------------------------
+    # per-backend notes -------------------------------------------------------------------------
 
-    def cached(self, backend: Backend, key: str) -> Any:
-        """A value cached for this backend (for example chat-template constants), or None."""
+    def notes(self, backend: Backend) -> BackendNotes:
+        """What is kept about `backend`'s address (its chat template's shape, its last checkpoint) until it
+        leaves the pool."""
         with self._lock:
-            return self._cache.get((backend.address, key))
-
-    def cache(self, backend: Backend, key: str, value: Any) -> None:
-        """Cache a value for this backend until it is cleared."""
-        with self._lock:
-            self._cache[(backend.address, key)] = value
+            notes = self._notes.get(backend.address)
+            if notes is None:
+                notes = self._notes[backend.address] = BackendNotes()
+            return notes
 
     async def resolve_model(self, backend: Backend) -> str | None:
         """The served model name (and context length, vocabulary size, root), asked once per backend; then,
@@ -553,7 +548,3 @@ class BackendPool:
             except Exception:  # a bug in one probe round must not end health checking
                 log.exception("health check round failed")
             await asyncio.sleep(max(0.0, min(_HEALTH_TICK_S, next_round - time.monotonic())))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
