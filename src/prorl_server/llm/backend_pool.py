@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
+from prorl_server.llm.backend_health import HealthChecks
+from prorl_server.llm.backend_models import BackendModels
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
-from prorl_server.llm.errors import LLMError, NoBackendAvailable
+from prorl_server.llm.errors import NoBackendAvailable
 from prorl_server.llm.local_tokenizer import ChatTokenizer, TokenizerCache
 from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
-from prorl_server.llm.tokenizer_check import TokenizerChoice, choose_tokenizer
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
 from prorl_server.llm.weight_update import WeightVersions
@@ -30,8 +28,6 @@ if TYPE_CHECKING:
     from prorl_server.llm.session import TemplateShape
 
 log = logging.getLogger(__name__)
-
-_HEALTH_TICK_S = 0.2  # how often the health loop looks for an open circuit whose cooldown just ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +83,6 @@ class BackendPool:
         self.client = client
         self.tokenizer_cache = tokenizer_cache
         self.tokenizer_path = tokenizer_path
-        self._deciding: dict[Backend, concurrent.futures.Future[None]] = {}
         self.max_inflight_per_backend = max_inflight_per_backend
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
         self.retry = retry or RetryPolicy()
@@ -95,11 +90,12 @@ class BackendPool:
         self._failure_threshold = failure_threshold
         self._breaker_cooldown_s = breaker_cooldown_s
         self._lock = threading.Lock()
+        self._models = BackendModels(self, self._lock)
+        self._health = HealthChecks(self, self._lock)
         self._backends: dict[str, Backend] = {}
         self._pins: dict[str, Backend] = {}
         self._order = itertools.count()
         self._notes: dict[str, BackendNotes] = {}  # per backend address
-        self._probed_at: dict[str, float] = {}
         self.gate = WeightPauseGate()  # held closed by the trainer during weight updates (api/weights.py)
         self.versions = WeightVersions()  # every weight version set so far, and the current one
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
@@ -158,7 +154,7 @@ class BackendPool:
             wanted = {address.rstrip("/"): tags for address, tags in servers}
             for address in [a for a in self._backends if a not in wanted]:
                 del self._backends[address]
-                self._probed_at.pop(address, None)
+                self._health.forget(address)
                 self._notes.pop(address, None)
             for address, tags in wanted.items():
                 backend = self._backends.get(address)
@@ -183,7 +179,7 @@ class BackendPool:
             backend = self._backends.pop(address, None)
             if backend is None:
                 return None
-            self._probed_at.pop(address, None)
+            self._health.forget(address)
             self._notes.pop(address, None)
             pinned = sum(b is backend for b in self._pins.values())
             aborted = 0
@@ -203,7 +199,7 @@ class BackendPool:
             count = len(self._backends)
             self._backends.clear()
             self._notes.clear()
-            self._probed_at.clear()
+            self._health.forget()
             return count
 
     def backends(self) -> list[Backend]:
@@ -404,18 +400,12 @@ class BackendPool:
                 notes = self._notes[backend.address] = BackendNotes()
             return notes
 
+    # models and tokenization (backend_models.py) ---------------------------------------------------
+
     async def resolve_model(self, backend: Backend) -> str | None:
         """The served model name (and context length, vocabulary size, root), asked once per backend; then,
         with a tokenizer cache, its tokenization decided once (a call that comes meanwhile waits for it)."""
-        if backend.model is None:
-            served = await self.client.served_model(backend.address, timeout_s=self.short_call_timeout)
-            with self._lock:
-                backend.max_model_len, backend.vocab_size = served.max_model_len, served.vocab_size
-                backend.root = served.root
-                backend.model = served.id
-        if self.tokenizer_cache is not None and backend.tokenization is None:
-            await self._decide_tokenization(backend)
-        return backend.model
+        return await self._models.resolve(backend)
 
     def tokenize_chat(
         self,
@@ -427,124 +417,16 @@ class BackendPool:
     ) -> Awaitable[list[int]]:
         """`backend`'s `/tokenize` of the chat template of `messages`, as ids checked against its vocabulary
         (sent by `client`, default the pool's)."""
-        return (client or self.client).tokenize_messages(
-            backend.address,
-            backend.model,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            vocab_size=backend.vocab_size,
-            timeout_s=self.short_call_timeout,
-        )
+        return self._models.tokenize_chat(backend, messages, add_generation_prompt, tools, client)
 
-    async def _decide_tokenization(self, backend: Backend) -> None:
-        """Decide how `backend`'s chats are tokenized (once; concurrent callers, on any loop, wait for the
-        first). A backend whose probe request fails (unreachable, 5xx, stalled; not a refusal) stays undecided
-        (its /tokenize is used) and is probed again at its next call or health check."""
-        assert self.tokenizer_cache is not None
-        with self._lock:
-            pending = self._deciding.get(backend)
-            first = pending is None
-            if pending is None:
-                pending = self._deciding[backend] = concurrent.futures.Future()
-        if not first:
-            await asyncio.wrap_future(pending)
-            return
-        try:
-            choice = await choose_tokenizer(
-                self.tokenizer_cache,
-                self.tokenizer_path,
-                backend.root,
-                backend.model,
-                lambda messages, add_generation_prompt, tools: self.tokenize_chat(
-                    backend, messages, add_generation_prompt, tools
-                ),
-            )
-        except LLMError as exc:
-            log.info("LLM backend %s: tokenization not decided yet (probing it failed: %s)", backend.address, exc)
-        else:
-            self._settle_tokenization(backend, choice)
-        finally:
-            with self._lock:
-                del self._deciding[backend]
-            pending.set_result(None)
-
-    def _settle_tokenization(self, backend: Backend, choice: TokenizerChoice) -> None:
-        with self._lock:
-            backend.chat_tokenizer = choice.tokenizer
-            backend.tokenization = "local" if choice.tokenizer is not None else "backend"
-        if choice.tokenizer is not None:
-            log.info("LLM backend %s: chats tokenized in the server with %s", backend.address, choice.detail)
-        elif choice.reason == "not_found":
-            log.info("LLM backend %s: chats tokenized by its /tokenize: %s", backend.address, choice.detail)
-        else:
-            log.warning(
-                "LLM backend %s: chats tokenized by its /tokenize, not in the server (%s): %s",
-                backend.address,
-                choice.reason,
-                choice.detail,
-            )
-        if self.on_tokenization is not None:
-            self.on_tokenization(backend.address, choice.reason)
-
-    # health -------------------------------------------------------------------------------------
+    # health (backend_health.py) -----------------------------------------------------------------------
 
     async def check_health(self, backends: list[Backend] | None = None) -> None:
         """Probe backends (all by default) once; a pass lets an open circuit whose cooldown is over
         take a trial request."""
-        backends = self.backends() if backends is None else backends
-        started = time.monotonic()
-        results = await asyncio.gather(*(self.client.healthy(b.address) for b in backends))
-        undecided: list[Backend] = []
-        for backend, (ok, error) in zip(backends, results, strict=True):
-            with self._lock:
-                self._probed_at[backend.address] = started
-                was = backend.healthy
-                backend.healthy = ok
-                half_open = ok and backend.breaker.health_passed()
-                if not ok:
-                    backend.last_error = error
-                elif backend.breaker.state is CircuitState.CLOSED and not backend.breaker.consecutive_failures:
-                    backend.last_error = None
-            if ok and self.tokenizer_cache is not None and backend.tokenization is None:
-                undecided.append(backend)
-            if half_open:
-                log.info("LLM backend %s passed a health check; one trial request may go to it", backend.address)
-            if ok and not was:
-                log.info("LLM backend %s is healthy again", backend.address)
-            elif was and not ok:
-                log.warning("LLM backend %s failed its health check: %s", backend.address, error)
-        await asyncio.gather(*(self._resolve_quietly(b) for b in undecided))
-
-    async def _resolve_quietly(self, backend: Backend) -> None:
-        """Resolve a newly healthy backend's model and tokenization now rather than at its first call."""
-        try:
-            await self.resolve_model(backend)
-        except LLMError as exc:
-            log.info("LLM backend %s: model not resolved yet: %s", backend.address, exc)
-
-    def _trials_due(self) -> list[Backend]:
-        """Open circuits whose cooldown ended after their last probe: probing them now starts a trial."""
-        now = time.monotonic()
-        with self._lock:
-            return [
-                b
-                for b in self._backends.values()
-                if b.breaker.state is CircuitState.OPEN
-                and self._probed_at.get(b.address, 0.0) < b.breaker.opened_at + b.breaker.cooldown_s <= now
-            ]
+        await self._health.check(backends)
 
     async def health_loop(self, interval_s: float) -> None:
         """Check every backend each `interval_s` seconds, and an open circuit as soon as its cooldown
         ends, until cancelled."""
-        next_round = 0.0
-        while True:
-            try:
-                if time.monotonic() >= next_round:
-                    next_round = time.monotonic() + interval_s
-                    await self.check_health()
-                elif due := self._trials_due():
-                    await self.check_health(due)
-            except Exception:  # a bug in one probe round must not end health checking
-                log.exception("health check round failed")
-            await asyncio.sleep(max(0.0, min(_HEALTH_TICK_S, next_round - time.monotonic())))
+        await self._health.loop(interval_s)
