@@ -18,7 +18,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "prorl_server"
 LAYERS: list[tuple[str, set[str]]] = [
     (
         "wire schemas and leaf modules",
-        {"protocol", "tool_formats", "request_body", "disconnect", "auth_key", "tools", "vllm_cpu", "process_gc"},
+        {
+            "protocol",
+            "tool_formats",
+            "request_body",
+            "disconnect",
+            "auth_key",
+            "tools",
+            "vllm_cpu",
+            "process_gc",
+            "threadsafe",
+        },
     ),
     ("scheduling and per-action resources", {"scheduling", "actions"}),
     ("configuration", {"config"}),

@@ -15,8 +15,8 @@ import httpx
 from polling import wait_for
 from server_jobs import result
 
-from prorl_server.llm.dispatch_gate import DispatchGate
 from prorl_server.llm.session import weight_spans
+from prorl_server.llm.weight_pause_gate import WeightPauseGate
 from prorl_server.testing import ScriptedReply
 
 pytest_plugins = ("engine_fixtures", "vllm_reload_fixtures")
@@ -149,7 +149,7 @@ def test_keep_on_an_engine_without_the_endpoints_is_409_and_aborts_nothing(start
 
 def test_gate_keeps_calls_out_of_the_drain_and_records_the_versions():
     async def scenario() -> None:
-        gate = DispatchGate()
+        gate = WeightPauseGate()
         ticket = await gate.enter()
         assert gate.pause("keep") == (0, 0, 1)
         assert (gate.in_flight, gate.kept, gate.mode) == (0, 1, "keep")

@@ -22,7 +22,7 @@ from its weights on disk (the host copy, read through the page cache). The snaps
 and evictions took, as measured.
 
 Users may sit on different event loops (the server runs one per stage, each on its own thread): the books are
-kept under a threading lock and the endpoint is handed to a waiter with `call_soon_threadsafe`. A waiter
+kept under a threading lock and the endpoint is handed to a waiter with `try_call_in_loop`. A waiter
 cancelled in line leaves it holding nothing; one cancelled while its service is restored leaves the restore
 going (the service stays cached); one cancelled after its grant gives it back. `abandon_loop(loop)` takes back
 what the users of a loop that died held.
@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from prorl_server.actions.quota import SERVICE_NAME
+from prorl_server.threadsafe import try_call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -434,11 +435,7 @@ class ModelServiceCache:
 
 def _post(use: _Use, outcome: str | BaseException) -> bool:
     """Hand the endpoint (or the failure) to the waiter on its own loop; False when that loop is closed."""
-    try:
-        use.loop.call_soon_threadsafe(_deliver, use.future, outcome)
-    except RuntimeError:
-        return False
-    return True
+    return try_call_in_loop(use.loop, _deliver, use.future, outcome)
 
 
 def _deliver(future: asyncio.Future[str], outcome: str | BaseException) -> None:

@@ -14,7 +14,7 @@ token; the block then reports how the call went. The concurrency limit adapts by
 
 The rate limit is a token bucket (`rate_per_s`, `burst`). Waiters may sit on different event loops (each
 pipeline stage runs its own, on its own thread): as in pipeline/cross_loop_semaphore.py, the books are
-kept under a threading lock and a slot is handed to a waiter with `call_soon_threadsafe`. While the head of the line waits for a
+kept under a threading lock and a slot is handed to a waiter with `try_call_in_loop`. While the head of the line waits for a
 token (or for a pause to end), it alone sleeps, with the quota's `sleep`, then takes the token; tests
 inject `clock` and `sleep`. A waiter cancelled in line leaves it holding nothing; a slot handed to a
 waiter that was cancelled before it resumed is passed on; a holder cancelled inside the block returns
@@ -33,6 +33,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
+
+from prorl_server.threadsafe import try_call_in_loop
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -402,11 +404,7 @@ class ServiceQuota:
     def _post(self, slot: Slot, granted: bool) -> bool:
         """Hand `granted` to the waiter on its own loop; False when that loop is closed."""
         assert slot._loop is not None and slot._future is not None
-        try:
-            slot._loop.call_soon_threadsafe(_deliver, slot._future, granted)
-        except RuntimeError:
-            return False
-        return True
+        return try_call_in_loop(slot._loop, _deliver, slot._future, granted)
 
 
 def _deliver(future: asyncio.Future[bool], granted: bool) -> None:

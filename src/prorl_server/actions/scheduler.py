@@ -6,7 +6,7 @@ changes, `allocation.plan` decides which waiting actions start and with how many
 them and teaches the action kind's duration model (`elasticity`) how long it took with that many cores.
 
 Waiters may sit on different event loops (the server runs one per stage, each on its own thread): a grant is
-handed to its waiter's loop with `call_soon_threadsafe`; a waiter cancelled before it sees its grant passes
+handed to its waiter's loop with `try_call_in_loop`; a waiter cancelled before it sees its grant passes
 it back. An action that could never fit the pool is refused at once (`ActionRefused`).
 
 The scheduler also keeps, per action kind, what `/metrics`, `/status` and the dashboard show (`kind_stats`):
@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from prorl_server.actions.allocation import HORIZON, Duration, Pending, Running, plan
 from prorl_server.actions.elasticity import ElasticityModels
+from prorl_server.threadsafe import try_call_in_loop
 
 UNKNOWN_DURATION_S = 1.0
 """Seconds assumed for an action whose kind has no duration model yet (for the estimate only)."""
@@ -330,9 +331,7 @@ class ActionScheduler:
             self._free_cpu -= cores
             self._free_memory -= pending.memory_mb
             self._granted += 1
-            try:
-                waiter.loop.call_soon_threadsafe(self._deliver, waiter, grant)
-            except RuntimeError:  # its loop is closed: nobody will take it
+            if not try_call_in_loop(waiter.loop, self._deliver, waiter, grant):  # its loop is closed: nobody takes it
                 self._running.pop(grant.id)
                 self._free_cpu += cores
                 self._free_memory += pending.memory_mb

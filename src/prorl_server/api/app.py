@@ -17,7 +17,6 @@ from prorl_server.api.state import ServerState
 from prorl_server.api.weights import router as weights_router
 from prorl_server.config import ServerSettings
 from prorl_server.gateway import router as gateway
-from prorl_server.pipeline.groups import GroupRunner
 from prorl_server.pipeline.loop_lag import probe
 
 
@@ -42,8 +41,7 @@ def create_app(settings: ServerSettings | None = None, state: ServerState | None
 
     app = FastAPI(title="prorl-server", version=__version__, lifespan=lifespan)
     app.state.server = state
-    app.state.groups = GroupRunner(state.orchestrator)
-    app.state.groups.on_refill = state.metrics.group_refilled
+    app.state.groups = state.groups
     install_error_handlers(app)
     for module in (jobs, groups, llm_servers, lifecycle, metrics, dashboard):
         app.include_router(module.router)

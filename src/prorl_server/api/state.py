@@ -7,8 +7,9 @@ import contextlib
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Coroutine, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -25,9 +26,12 @@ from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
 from prorl_server.llm.local_tokenizer import TokenizerCache
 from prorl_server.llm.pause_lease import PauseLease
 from prorl_server.llm.placement import PlacementPolicy, backend_profiles, interference_profile, make_policy
+from prorl_server.llm.weight_update import WeightUpdate
 from prorl_server.observability import ServerMetrics
 from prorl_server.pipeline import Orchestrator
+from prorl_server.pipeline.groups import GroupRunner
 from prorl_server.pipeline.loop_thread import LoopThread
+from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.cpu_grants import CpuPool
@@ -36,9 +40,11 @@ from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
+from prorl_server.threadsafe import call_in_loop
 from prorl_server.tool_formats import tool_format
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ResultSignal:
@@ -57,7 +63,7 @@ class ResultSignal:
     def notify(self) -> None:
         """Called by the result store after each put."""
         if self._waiting and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._fire)
+            call_in_loop(self._loop, self._fire)
 
     def _fire(self) -> None:
         assert self._event is not None
@@ -82,31 +88,42 @@ class ResultSignal:
 
 @dataclass
 class ServerState:
-    """Settings, handler registry, backend pool, orchestrator, gateway sessions, the health-check thread and
-    the metrics."""
+    """Settings, handler registry, backend pool, orchestrator, gateway sessions, the metrics, the group runner,
+    the long-poll signal, the journal, the health-check thread and the weight update's parts. `build` makes
+    every collaborator and passes each one in: nothing is hooked to another by assignment afterwards."""
 
     settings: ServerSettings
     registry: HandlerRegistry
     backends: BackendPool
     orchestrator: Orchestrator
     gateway: SessionRegistry
-    health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
-    signal: ResultSignal = field(default_factory=ResultSignal)
+    metrics: ServerMetrics  # GET /metrics and the dashboard's numbers
+    groups: GroupRunner  # the /groups routes' groups
+    signal: ResultSignal  # wakes long polls when a result is stored
     journal: Journal | None = None
-    metrics: ServerMetrics = field(init=False)  # GET /metrics and the dashboard's numbers
+    health: LoopThread = field(default_factory=lambda: LoopThread("prorl-health"))
     pause_lease: PauseLease = field(init=False)  # ends a weight-update pause nobody ended
     engine_freeze: EngineFreeze = field(init=False)  # the engines a keep pause froze
+    weight_update: WeightUpdate = field(init=False)  # reload, set the version, roll back (api/weights.py)
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(self.orchestrator)
-        self.engine_freeze = EngineFreeze(
-            self.backends.client, lambda call: asyncio.wrap_future(self.health.submit(call))
-        )
+        self.engine_freeze = EngineFreeze(self.backends.client, self._on_health_loop)
         self.pause_lease = PauseLease(
             self.backends.gate,
             self.settings.weight_pause_lease_s,
             thaw=lambda: self.engine_freeze.thaw(self.backends.current_version),
         )
+        self.weight_update = WeightUpdate(
+            self.backends,
+            self.engine_freeze,
+            self._on_health_loop,
+            self.pause_lease.updating,
+            servers_changed=self.probe_soon,
+        )
+
+    def _on_health_loop(self, call: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """Run an engine call on the health-check loop, whose HTTP connections the server closes when it stops."""
+        return asyncio.wrap_future(self.health.submit(call))
 
     @classmethod
     def build(
@@ -124,6 +141,8 @@ class ServerState:
                 registry.add_target(target)
         client = client or VLLMClient(request_timeout_s=settings.llm_request_timeout_s)
         dispatch = build_dispatch(settings)
+        metrics = ServerMetrics()
+        signal = ResultSignal()
         backends = BackendPool(
             client,
             build_placement(settings, dispatch),
@@ -134,31 +153,46 @@ class ServerState:
             max_inflight_per_backend=settings.max_inflight_per_backend,
             tokenizer_cache=TokenizerCache(),
             tokenizer_path=settings.tokenizer,
+            on_completion=metrics.completion,
+            on_failure=metrics.llm_failure,
+            on_tokenization=metrics.tokenization,
         )
         for address in settings.llm_servers:
             backends.add(address)
         gateway = build_gateway(settings, backends, dispatch)
         model_services, model_ports = build_model_services(settings)
-        state = cls(
-            settings,
-            registry,
-            backends,
-            Orchestrator(
+        journal = open_journal(settings)
+        writer = journal.recover() if journal is not None else None
+        try:
+            results = ResultStore(
+                settings.result_retention_s,
+                on_put=signal.notify,
+                on_stored=metrics.result_stored,
+                on_acknowledged=metrics.results_acknowledged.inc,
+                log=writer,
+            )
+            orchestrator = Orchestrator(
                 settings,
                 registry,
                 backends,
-                build_sandboxes(settings, backends, model_ports),
+                build_sandboxes(settings, backends, model_ports, metrics),
                 judge=build_judge(settings),
                 dispatch=dispatch,
                 gateway=gateway,
                 services=build_services(settings),
                 model_services=model_services,
-            ),
-            gateway,
-        )
-        state.orchestrator.results.on_put = state.signal.notify
-        state.journal = open_journal(settings, state.orchestrator)
-        return state
+                results=results,
+                journal=writer,
+            )
+        except BaseException:
+            if journal is not None:
+                journal.close()
+            raise
+        metrics.collect(orchestrator)
+        groups = GroupRunner(orchestrator, on_refill=metrics.group_refilled)
+        if journal is not None:
+            journal.restore(orchestrator)
+        return cls(settings, registry, backends, orchestrator, gateway, metrics, groups, signal, journal)
 
     async def open(self) -> None:
         """Reap orphaned sandboxes, start health checks and (with autostart) the pipeline."""
@@ -196,9 +230,9 @@ class ServerState:
             self.health.submit(self.backends.check_health())
 
 
-def open_journal(settings: ServerSettings, orchestrator: Orchestrator) -> Journal | None:
-    """The results journal of `--journal` (None without one), recovered into `orchestrator`; raises
-    JournalError when it cannot be used."""
+def open_journal(settings: ServerSettings) -> Journal | None:
+    """The results journal of `--journal` (None without one), opened (its lock taken, its file checked; then
+    `recover` and `restore`); raises JournalError when it cannot be used."""
     if settings.journal is None:
         return None
     journal = Journal(
@@ -207,7 +241,6 @@ def open_journal(settings: ServerSettings, orchestrator: Orchestrator) -> Journa
         sync=settings.journal_sync,
         compact_interval_s=settings.journal_compact_interval_s,
     )
-    journal.attach(orchestrator)
     return journal
 
 
@@ -306,7 +339,9 @@ def build_judge(settings: ServerSettings) -> JudgePool | None:
     )
 
 
-def build_sandboxes(settings: ServerSettings, backends: BackendPool, model_ports: list[int]) -> SandboxManager:
+def build_sandboxes(
+    settings: ServerSettings, backends: BackendPool, model_ports: list[int], metrics: ServerMetrics | None = None
+) -> SandboxManager:
     """The sandbox runtime for this server instance; `auto` skips Apptainer when no image is configured.
 
     Sandboxes that share the host network may not connect to this server's port, the backends' ports, the
@@ -331,7 +366,14 @@ def build_sandboxes(settings: ServerSettings, backends: BackendPool, model_ports
         base_dir=base_dir,
         cpu_pool=build_cpu_pool(settings),
     )
-    return SandboxManager(runtime, owner, SandboxSpec(image=settings.sandbox_image), base_dir=base_dir)
+    return SandboxManager(
+        runtime,
+        owner,
+        SandboxSpec(image=settings.sandbox_image),
+        base_dir=base_dir,
+        on_start=metrics.sandbox_started if metrics is not None else None,
+        on_tool_request=metrics.tool_request if metrics is not None else None,
+    )
 
 
 def build_cpu_pool(settings: ServerSettings) -> CpuPool | None:

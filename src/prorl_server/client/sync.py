@@ -30,6 +30,7 @@ from prorl_server.client.rollout_client import RolloutClient
 from prorl_server.client.stream import Cursor
 from prorl_server.protocol import JobResult
 from prorl_server.protocol.endpoints import read_endpoints
+from prorl_server.threadsafe import call_in_loop, run_in_loop
 
 T = TypeVar("T")
 
@@ -212,7 +213,7 @@ class SyncRolloutClient(SyncResource, twin_of=RolloutClient, skip=frozenset({"ac
         if not self._thread.is_alive():
             call.close()
             raise RuntimeError("this SyncRolloutClient is closed")
-        future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        future = run_in_loop(self._loop, call)
         try:
             return future.result()
         except BaseException:
@@ -232,7 +233,7 @@ class SyncRolloutClient(SyncResource, twin_of=RolloutClient, skip=frozenset({"ac
                 self._run(close())
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        call_in_loop(self._loop, self._loop.stop)
         self._thread.join()
         self._loop.close()
 

@@ -43,6 +43,7 @@ import httpx
 
 from prorl_server.gateway.anthropic.errors import anthropic_error
 from prorl_server.gateway.errors import GatewayError
+from prorl_server.threadsafe import run_in_loop
 
 ROUTES = {
     ("POST", "/v1/chat/completions"): "/chat/completions",
@@ -115,7 +116,7 @@ class SessionBridge:
         elif loop.is_closed() or not loop.is_running():
             shutil.rmtree(self.directory, ignore_errors=True)
         else:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._close(), loop))
+            await asyncio.wrap_future(run_in_loop(loop, self._close()))
 
     async def _close(self) -> None:
         if self._closed:

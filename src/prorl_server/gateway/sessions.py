@@ -29,6 +29,7 @@ from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import LLMError
 from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.threadsafe import call_in_loop
 from prorl_server.tool_formats import ToolCallFormat
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class GatewaySession:
                 task.cancel()
                 here.append(task)
             elif not loop.is_closed():
-                loop.call_soon_threadsafe(task.cancel)
+                call_in_loop(loop, task.cancel)
         self.recorder.close()
         return here
 

@@ -26,6 +26,7 @@ from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
+from prorl_server.threadsafe import run_in_loop
 
 if TYPE_CHECKING:
     from prorl_server.sandbox.snapshot import Snapshot
@@ -321,7 +322,7 @@ class JobContext:
             coro.close()
             raise RuntimeError("JobContext.wait() is for synchronous methods; in async methods use await")
         with self._lock:  # so that the end, marked in between, cannot miss it
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            future = run_in_loop(self._loop, coro)
             if not self._finished:  # a call made after the end (final_result) is not cancelled
                 self._waits.add(future)
         try:
@@ -357,7 +358,7 @@ class JobContext:
         if loop is None or not loop.is_running():
             asyncio.run(_logged(outcome, self.job_id))
             return
-        future = asyncio.run_coroutine_threadsafe(_logged(outcome, self.job_id), loop)
+        future = run_in_loop(loop, _logged(outcome, self.job_id))
         try:
             future.result(LATE_RELEASE_WAIT_S)
         except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):  # the stage loop stopped

@@ -12,7 +12,7 @@ from prorl_server.handlers import HandlerLoadError, UnknownDataSource
 from prorl_server.journal.database import open_database
 from prorl_server.journal.lock import JournalLock
 from prorl_server.journal.process import WriterProcess
-from prorl_server.journal.recovery import InFlightJob, recover
+from prorl_server.journal.recovery import InFlightJob, Recovered, recover
 from prorl_server.journal.writer import JournalWriter
 from prorl_server.pipeline.errors import SubmissionError
 from prorl_server.protocol import ErrorInfo, ErrorKind, ErrorStage, JobResult, JobStatus
@@ -30,11 +30,12 @@ class Journal:
     """Jobs and results on disk (SQLite, WAL mode), so a restarted server serves what a crashed one held.
 
     Opening takes the journal's lock (a second server on the same file is refused) and checks the file;
-    `attach` recovers into an orchestrator: unacknowledged results come back under their cursors, cursors
-    continue, and jobs that were in flight get a failed result (`error.type` "ServerRestarted"), or are
-    kept for `requeue` when their request said `requeue_on_restart`. From then on every admission, stored
-    result and acknowledgement goes, through one writer thread, to the writer process. Raises JournalError
-    when the journal cannot be used."""
+    `recover` reads it back and gives the writer, which the server passes to its result store and
+    orchestrator (their log of every admission, stored result and acknowledgement, written through one
+    writer thread by the writer process); `restore` then puts the recovered state into the orchestrator:
+    unacknowledged results come back under their cursors, cursors continue, and jobs that were in flight get
+    a failed result (`error.type` "ServerRestarted"), or are kept for `requeue` when their request said
+    `requeue_on_restart`. Raises JournalError when the journal cannot be used."""
 
     def __init__(
         self, path: str | Path, *, retention_s: float, sync: JournalSync = "normal", compact_interval_s: float = 300.0
@@ -50,13 +51,15 @@ class Journal:
             self._lock.release()
             raise
         self._writer: JournalWriter | None = None
+        self._recovered: Recovered | None = None
         self._to_requeue: list[InFlightJob] = []
         self._closed = False
 
-    def attach(self, orchestrator: Orchestrator) -> None:
-        """Recover the journal into `orchestrator`'s result store, then record its changes."""
+    def recover(self) -> JournalWriter:
+        """Read the journal back (for `restore`) and make the writer that records every change from now on:
+        the log of the server's result store and its orchestrator's admissions."""
         try:
-            recovered = recover(self._db, self.path, self._retention_s)
+            self._recovered = recover(self._db, self.path, self._retention_s)
         except BaseException:
             self.close()
             raise
@@ -65,10 +68,15 @@ class Journal:
         assert self._lock.fd is not None
         process = WriterProcess(self.path, self._sync, self._lock.fd)
         self._writer = JournalWriter(process, self.path, self._retention_s, self._compact_interval_s)
+        return self._writer
+
+    def restore(self, orchestrator: Orchestrator) -> None:
+        """Put what `recover` read into `orchestrator` (built with the writer as its logs), and start writing."""
+        recovered, self._recovered = self._recovered, None
+        assert recovered is not None and self._writer is not None, "call recover() first"
         results = orchestrator.results
+        assert results.log is self._writer and orchestrator.journal is self._writer, "built without the writer"
         results.restore(((r.seq, r.result, r.digest, r.age_s) for r in recovered.results), recovered.next_seq)
-        results.log = self._writer
-        orchestrator.journal = self._writer
         self._writer.start()
         failed = 0
         for job in recovered.in_flight:

@@ -9,7 +9,6 @@ change made before it is committed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 from prorl_server.journal.database import Batch
 from prorl_server.journal.process import WriterProcess
 from prorl_server.protocol import JobResult, ProcessRequest
+from prorl_server.threadsafe import try_call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,7 @@ class JournalWriter:
         for barrier in barriers:
             by_loop[barrier.loop].append(barrier.future)
         for loop, futures in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(_resolve_all, futures)
+            try_call_in_loop(loop, _resolve_all, futures)  # False: that loop is closed, nobody waits any more
 
     def _compact(self) -> None:
         try:

@@ -4,7 +4,6 @@ response checks, per-job sessions."""
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
-from prorl_server.llm.dispatch_gate import DispatchAborted, DispatchGate
 from prorl_server.llm.errors import (
     BackendProtocolError,
     BackendRequestError,
@@ -20,6 +19,7 @@ from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.session import LLMSession
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion, ServedModel, parse_completion
+from prorl_server.llm.weight_pause_gate import DispatchAborted, WeightPauseGate
 
 __all__ = [
     "Backend",
@@ -33,7 +33,6 @@ __all__ = [
     "CircuitState",
     "Completion",
     "DispatchAborted",
-    "DispatchGate",
     "LLMError",
     "LLMSession",
     "Lease",
@@ -45,6 +44,7 @@ __all__ = [
     "SessionFinished",
     "StickyLeastLoadedPolicy",
     "VLLMClient",
+    "WeightPauseGate",
     "make_policy",
     "parse_completion",
 ]

@@ -6,8 +6,8 @@ A slot moves through explicit states: WAITING -> ADMITTED -> RELEASED, or WAITIN
 cancelled while waiting (a job cancel or timeout, a stop, a weight-update abort). A slot granted to a call
 that was being cancelled at that moment is handed on to the next waiter, so no cancellation keeps a slot.
 
-Thread-safe and usable from any event loop: waiters are woken with `call_soon_threadsafe`, as in
-`dispatch_gate`.
+Thread-safe and usable from any event loop: waiters are woken with `try_call_in_loop`, as in
+`weight_pause_gate`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from prorl_server.threadsafe import try_call_in_loop
 
 
 class SlotState(StrEnum):
@@ -116,10 +118,8 @@ class AdmissionGate:
 
     def _wake(self, slot: Slot) -> None:
         assert slot.loop is not None and slot.future is not None
-        try:
-            slot.loop.call_soon_threadsafe(_set_done, slot.future)
-        except RuntimeError:  # its loop is closed: the call is gone, its slot goes on
-            self.release(slot)
+        if not try_call_in_loop(slot.loop, _set_done, slot.future):  # its loop is closed: the call is gone
+            self.release(slot)  # its slot goes on
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

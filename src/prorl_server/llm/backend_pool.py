@@ -2,32 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
+from prorl_server.llm.backend_health import HealthChecks
+from prorl_server.llm.backend_models import BackendModels
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
-from prorl_server.llm.dispatch_gate import DispatchGate, Ticket
-from prorl_server.llm.errors import LLMError, NoBackendAvailable
+from prorl_server.llm.errors import NoBackendAvailable
 from prorl_server.llm.local_tokenizer import ChatTokenizer, TokenizerCache
 from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
-from prorl_server.llm.tokenizer_check import TokenizerChoice, choose_tokenizer
 from prorl_server.llm.vllm_client import VLLMClient
+from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
+from prorl_server.llm.weight_update import WeightVersions
 from prorl_server.scheduling.view import TrajectoryView
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from prorl_server.llm.session import TemplateShape
 
-_HEALTH_TICK_S = 0.2  # how often the health loop looks for an open circuit whose cooldown just ended
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,14 @@ class Lease:
 
     backend: Backend
     trial: bool
+
+
+@dataclass(slots=True)
+class BackendNotes:
+    """What the server learned about one backend address, kept until it leaves the pool."""
+
+    template_shape: TemplateShape | None = None  # its chat template around an assistant message (session.py)
+    weights_path: str | None = None  # the checkpoint it last reloaded, loaded back on a failure (weight_update.py)
 
 
 class BackendPool:
@@ -68,11 +76,13 @@ class BackendPool:
         max_inflight_per_backend: int | None = None,
         tokenizer_cache: TokenizerCache | None = None,
         tokenizer_path: str | None = None,
+        on_completion: Callable[[str, int, int, float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+        on_tokenization: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
         self.tokenizer_cache = tokenizer_cache
         self.tokenizer_path = tokenizer_path
-        self._deciding: dict[Backend, concurrent.futures.Future[None]] = {}
         self.max_inflight_per_backend = max_inflight_per_backend
         self.policy: PlacementPolicy = make_policy(policy) if isinstance(policy, str) else policy
         # checked once: isinstance against a runtime-checkable Protocol costs microseconds per call
@@ -82,21 +92,21 @@ class BackendPool:
         self._failure_threshold = failure_threshold
         self._breaker_cooldown_s = breaker_cooldown_s
         self._lock = threading.Lock()
+        self._models = BackendModels(self, self._lock)
+        self._health = HealthChecks(self, self._lock)
         self._backends: dict[str, Backend] = {}
         self._pins: dict[str, Backend] = {}
         self._order = itertools.count()
-        self._cache: dict[tuple[str, str], Any] = {}
-        self._probed_at: dict[str, float] = {}
-        self.gate = DispatchGate()  # held closed by the trainer during weight updates (api/weights.py)
-        self._versions_used: list[str | int] = []  # every weight version set so far, oldest first
-        self.current_version: str | int | None = None  # the version last set by set_weight_version
+        self._notes: dict[str, BackendNotes] = {}  # per backend address
+        self.gate = WeightPauseGate()  # held closed by the trainer during weight updates (api/weights.py)
+        self.versions = WeightVersions()  # every weight version set so far, and the current one
         self._calls: dict[Ticket, Backend] = {}  # calls admitted by the gate -> the backend they went to
         self._admission: dict[str, AdmissionGate] = {}  # per backend address, with max_inflight_per_backend
         # metrics: each answered completion (address, prompt tokens, output tokens, seconds), each failed request
-        self.on_completion: Callable[[str, int, int, float], None] | None = None
-        self.on_failure: Callable[[str], None] | None = None
+        self.on_completion = on_completion
+        self.on_failure = on_failure
         # each backend's tokenization decision: (address, "local" or why not: not_found, unloadable, differs)
-        self.on_tokenization: Callable[[str, str], None] | None = None
+        self.on_tokenization = on_tokenization
 
     # registration -----------------------------------------------------------------------------
 
@@ -113,38 +123,23 @@ class BackendPool:
             backend.tags = dict(tags or {})
             backend.healthy = True
             backend.last_error = None
-            if weight_version is not None and weight_version not in self._versions_used:
-                self._versions_used.append(weight_version)
+            self.versions.registered(weight_version)
             return backend
 
     # weight versions ----------------------------------------------------------------------------
 
+    @property
+    def current_version(self) -> str | int | None:
+        """The version last set by `set_weight_version`."""
+        return self.versions.current
+
     def version_distance(self, old: str | int, new: str | int) -> int | None:
-        """How many versions `new` is ahead of `old` (negative when behind): their difference for two
-        integers, else how far apart they are in the order versions were set or registered. None when
-        either is unknown to the pool."""
-        if _is_int(old) and _is_int(new):
-            return int(new) - int(old)
-        with self._lock:
-            used = list(self._versions_used)
-        positions = [next((i for i, v in enumerate(used) if type(v) is type(x) and v == x), None) for x in (old, new)]
-        if None in positions:
-            return None
-        return positions[1] - positions[0]
+        """How many versions `new` is ahead of `old` (`WeightVersions.distance`)."""
+        return self.versions.distance(old, new)
 
     def version_conflict(self, version: str | int) -> str | None:
-        """Why `version` may not be the next weight version (None when it may): an integer must be greater
-        than every integer version set before, a string must differ from every version set before (as text,
-        since the version names the prefix-cache salt)."""
-        with self._lock:
-            used = list(self._versions_used)
-        if isinstance(version, int):
-            ints = [v for v in used if isinstance(v, int)]
-            if ints and version <= max(ints):
-                return f"weight version {version} does not increase (the latest integer version is {max(ints)})"
-        if any(str(v) == str(version) for v in used):
-            return f"weight version {version!r} was already used"
-        return None
+        """Why `version` may not be the next weight version, None when it may (`WeightVersions.conflict`)."""
+        return self.versions.conflict(version)
 
     def set_weight_version(
         self, version: str | int, servers: list[tuple[str, dict | None]] | None = None
@@ -153,8 +148,7 @@ class BackendPool:
         instead (each at `version`; the others are removed, and jobs pinned to them are re-placed on their
         next call, which sends the whole token context again). Returns the backends, oldest first."""
         with self._lock:
-            self._versions_used.append(version)
-            self.current_version = version
+            self.versions.set(version)
             if servers is None:
                 for backend in self._backends.values():
                     backend.weight_version = version
@@ -162,9 +156,8 @@ class BackendPool:
             wanted = {address.rstrip("/"): tags for address, tags in servers}
             for address in [a for a in self._backends if a not in wanted]:
                 del self._backends[address]
-                self._probed_at.pop(address, None)
-                for key in [k for k in self._cache if k[0] == address]:
-                    del self._cache[key]
+                self._health.forget(address)
+                self._notes.pop(address, None)
             for address, tags in wanted.items():
                 backend = self._backends.get(address)
                 if backend is None:
@@ -188,9 +181,8 @@ class BackendPool:
             backend = self._backends.pop(address, None)
             if backend is None:
                 return None
-            self._probed_at.pop(address, None)
-            for key in [k for k in self._cache if k[0] == address]:
-                del self._cache[key]
+            self._health.forget(address)
+            self._notes.pop(address, None)
             pinned = sum(b is backend for b in self._pins.values())
             aborted = 0
             if abort:
@@ -208,8 +200,8 @@ class BackendPool:
         with self._lock:
             count = len(self._backends)
             self._backends.clear()
-            self._cache.clear()
-            self._probed_at.clear()
+            self._notes.clear()
+            self._health.forget()
             return count
 
     def backends(self) -> list[Backend]:
@@ -399,30 +391,23 @@ class BackendPool:
         """Stall timeout of tokenize, detokenize and model queries."""
         return self.stall_timeout_s if self.stall_timeout_s is not None else STALL_FLOOR_S
 
-    # per-backend cache -------------------------------------------------------------------------
+    # per-backend notes -------------------------------------------------------------------------
 
-    def cached(self, backend: Backend, key: str) -> Any:
-        """A value cached for this backend (for example chat-template constants), or None."""
+    def notes(self, backend: Backend) -> BackendNotes:
+        """What is kept about `backend`'s address (its chat template's shape, its last checkpoint) until it
+        leaves the pool."""
         with self._lock:
-            return self._cache.get((backend.address, key))
+            notes = self._notes.get(backend.address)
+            if notes is None:
+                notes = self._notes[backend.address] = BackendNotes()
+            return notes
 
-    def cache(self, backend: Backend, key: str, value: Any) -> None:
-        """Cache a value for this backend until it is cleared."""
-        with self._lock:
-            self._cache[(backend.address, key)] = value
+    # models and tokenization (backend_models.py) ---------------------------------------------------
 
     async def resolve_model(self, backend: Backend) -> str | None:
         """The served model name (and context length, vocabulary size, root), asked once per backend; then,
         with a tokenizer cache, its tokenization decided once (a call that comes meanwhile waits for it)."""
-        if backend.model is None:
-            served = await self.client.served_model(backend.address, timeout_s=self.short_call_timeout)
-            with self._lock:
-                backend.max_model_len, backend.vocab_size = served.max_model_len, served.vocab_size
-                backend.root = served.root
-                backend.model = served.id
-        if self.tokenizer_cache is not None and backend.tokenization is None:
-            await self._decide_tokenization(backend)
-        return backend.model
+        return await self._models.resolve(backend)
 
     def tokenize_chat(
         self,
@@ -434,128 +419,16 @@ class BackendPool:
     ) -> Awaitable[list[int]]:
         """`backend`'s `/tokenize` of the chat template of `messages`, as ids checked against its vocabulary
         (sent by `client`, default the pool's)."""
-        return (client or self.client).tokenize_messages(
-            backend.address,
-            backend.model,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            vocab_size=backend.vocab_size,
-            timeout_s=self.short_call_timeout,
-        )
+        return self._models.tokenize_chat(backend, messages, add_generation_prompt, tools, client)
 
-    async def _decide_tokenization(self, backend: Backend) -> None:
-        """Decide how `backend`'s chats are tokenized (once; concurrent callers, on any loop, wait for the
-        first). A backend whose probe request fails (unreachable, 5xx, stalled; not a refusal) stays undecided
-        (its /tokenize is used) and is probed again at its next call or health check."""
-        assert self.tokenizer_cache is not None
-        with self._lock:
-            pending = self._deciding.get(backend)
-            first = pending is None
-            if pending is None:
-                pending = self._deciding[backend] = concurrent.futures.Future()
-        if not first:
-            await asyncio.wrap_future(pending)
-            return
-        try:
-            choice = await choose_tokenizer(
-                self.tokenizer_cache,
-                self.tokenizer_path,
-                backend.root,
-                backend.model,
-                lambda messages, add_generation_prompt, tools: self.tokenize_chat(
-                    backend, messages, add_generation_prompt, tools
-                ),
-            )
-        except LLMError as exc:
-            log.info("LLM backend %s: tokenization not decided yet (probing it failed: %s)", backend.address, exc)
-        else:
-            self._settle_tokenization(backend, choice)
-        finally:
-            with self._lock:
-                del self._deciding[backend]
-            pending.set_result(None)
-
-    def _settle_tokenization(self, backend: Backend, choice: TokenizerChoice) -> None:
-        with self._lock:
-            backend.chat_tokenizer = choice.tokenizer
-            backend.tokenization = "local" if choice.tokenizer is not None else "backend"
-        if choice.tokenizer is not None:
-            log.info("LLM backend %s: chats tokenized in the server with %s", backend.address, choice.detail)
-        elif choice.reason == "not_found":
-            log.info("LLM backend %s: chats tokenized by its /tokenize: %s", backend.address, choice.detail)
-        else:
-            log.warning(
-                "LLM backend %s: chats tokenized by its /tokenize, not in the server (%s): %s",
-                backend.address,
-                choice.reason,
-                choice.detail,
-            )
-        if self.on_tokenization is not None:
-            self.on_tokenization(backend.address, choice.reason)
-
-    # health -------------------------------------------------------------------------------------
+    # health (backend_health.py) -----------------------------------------------------------------------
 
     async def check_health(self, backends: list[Backend] | None = None) -> None:
         """Probe backends (all by default) once; a pass lets an open circuit whose cooldown is over
         take a trial request."""
-        backends = self.backends() if backends is None else backends
-        started = time.monotonic()
-        results = await asyncio.gather(*(self.client.healthy(b.address) for b in backends))
-        undecided: list[Backend] = []
-        for backend, (ok, error) in zip(backends, results, strict=True):
-            with self._lock:
-                self._probed_at[backend.address] = started
-                was = backend.healthy
-                backend.healthy = ok
-                half_open = ok and backend.breaker.health_passed()
-                if not ok:
-                    backend.last_error = error
-                elif backend.breaker.state is CircuitState.CLOSED and not backend.breaker.consecutive_failures:
-                    backend.last_error = None
-            if ok and self.tokenizer_cache is not None and backend.tokenization is None:
-                undecided.append(backend)
-            if half_open:
-                log.info("LLM backend %s passed a health check; one trial request may go to it", backend.address)
-            if ok and not was:
-                log.info("LLM backend %s is healthy again", backend.address)
-            elif was and not ok:
-                log.warning("LLM backend %s failed its health check: %s", backend.address, error)
-        await asyncio.gather(*(self._resolve_quietly(b) for b in undecided))
-
-    async def _resolve_quietly(self, backend: Backend) -> None:
-        """Resolve a newly healthy backend's model and tokenization now rather than at its first call."""
-        try:
-            await self.resolve_model(backend)
-        except LLMError as exc:
-            log.info("LLM backend %s: model not resolved yet: %s", backend.address, exc)
-
-    def _trials_due(self) -> list[Backend]:
-        """Open circuits whose cooldown ended after their last probe: probing them now starts a trial."""
-        now = time.monotonic()
-        with self._lock:
-            return [
-                b
-                for b in self._backends.values()
-                if b.breaker.state is CircuitState.OPEN
-                and self._probed_at.get(b.address, 0.0) < b.breaker.opened_at + b.breaker.cooldown_s <= now
-            ]
+        await self._health.check(backends)
 
     async def health_loop(self, interval_s: float) -> None:
         """Check every backend each `interval_s` seconds, and an open circuit as soon as its cooldown
         ends, until cancelled."""
-        next_round = 0.0
-        while True:
-            try:
-                if time.monotonic() >= next_round:
-                    next_round = time.monotonic() + interval_s
-                    await self.check_health()
-                elif due := self._trials_due():
-                    await self.check_health(due)
-            except Exception:  # a bug in one probe round must not end health checking
-                log.exception("health check round failed")
-            await asyncio.sleep(max(0.0, min(_HEALTH_TICK_S, next_round - time.monotonic())))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        await self._health.loop(interval_s)

@@ -33,7 +33,7 @@ from prorl_server.llm.errors import (
     BackendUnavailable,
     LLMError,
 )
-from prorl_server.llm.retry import RetryPolicy
+from prorl_server.llm.retry import RetryBudget, RetryPolicy
 from prorl_server.llm.vllm_client import VLLMClient
 
 log = logging.getLogger(__name__)
@@ -184,14 +184,13 @@ class JudgePool:
 
     async def _with_retries(self, client: VLLMClient, payload: dict[str, Any], limit: int) -> JudgeReply:
         first = next(self._next)
-        started = time.monotonic()
-        queued = 0.0  # seconds spent waiting for a quota slot: not spent from the retry budget
+        budget = RetryBudget(self.retry)  # time queued for a quota slot is not spent from it
         attempt = 0
         while True:
             server = self.servers[(first + attempt) % len(self.servers)]
             waited = time.monotonic()
             async with self.quota.slot() as slot:
-                queued += time.monotonic() - waited
+                budget.extend(time.monotonic() - waited)
                 try:
                     return await self._chat_once(client, server, payload, limit)
                 except BackendProtocolError as exc:
@@ -205,8 +204,8 @@ class JudgePool:
                     error = exc
                     if exc.status_code == 503 or isinstance(exc, BackendStalled):  # overloaded too
                         slot.overloaded(exc.retry_after_s)
-            delay = self.retry.delay_s(attempt)
-            if time.monotonic() - started - queued + delay > self.retry.budget_s:
+            delay = budget.delay_s(attempt)
+            if delay > budget.left():
                 raise JudgeError(
                     f"no judge server answered within the {self.retry.budget_s:g}s retry budget "
                     f"({attempt + 1} attempts); last error: {error}",

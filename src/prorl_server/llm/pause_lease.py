@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from prorl_server.llm.dispatch_gate import DispatchGate
+from prorl_server.llm.weight_pause_gate import WeightPauseGate
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class PauseLease:
     """The deadline of the current pause, and the lock reloads hold."""
 
     def __init__(
-        self, gate: DispatchGate, default_s: float, thaw: Callable[[], Awaitable[list[str]]] | None = None
+        self, gate: WeightPauseGate, default_s: float, thaw: Callable[[], Awaitable[list[str]]] | None = None
     ) -> None:
         self.gate = gate
         self.default_s = default_s

@@ -13,25 +13,21 @@ stream equals what the template would give for the same messages.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from prorl_server.llm.backend import Backend
 from prorl_server.llm.backend_pool import BackendPool, Lease
-from prorl_server.llm.dispatch_gate import DispatchAborted, PauseClock, Ticket
 from prorl_server.llm.errors import (
-    BackendRequestError,
-    BackendUnavailable,
     ChatTemplateError,
     LLMError,
-    NoBackendAvailable,
     SessionFinished,
 )
+from prorl_server.llm.failover import CallClock, Failover
 from prorl_server.llm.local_tokenizer import ChatTokenizer
 from prorl_server.llm.response_limits import requested_tokens
 from prorl_server.llm.token_stream import TokenStream
@@ -39,6 +35,7 @@ from prorl_server.llm.tokenizer_check import BASE as _BASE
 from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_protocol import Completion
+from prorl_server.llm.weight_pause_gate import PauseClock, Ticket
 from prorl_server.protocol import Trajectory, TurnRecord, WeightSpan
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.telemetry import TrajectoryTelemetry
@@ -79,16 +76,6 @@ def versioned_cache_salt(params: dict[str, Any], version: str | int | None) -> d
         return params
     salt = params.get("cache_salt")
     return {**params, "cache_salt": f"{salt}:w{version}" if salt else f"w{version}"}
-
-
-@dataclass(slots=True)
-class _CallClock:
-    """Seconds one call spent waiting for an admission slot and at weight-update pauses, and the versions a
-    keep pause resumed its answered request under."""
-
-    queue_s: float = 0.0
-    pause_s: float = 0.0
-    resumed_under: list[str | int] = field(default_factory=list)
 
 
 def weight_spans(
@@ -143,10 +130,10 @@ class LLMSession:
 
     A call whose backend fails (unreachable, server error, stalled, malformed answer) is retried with
     backoff, on another backend when there is one, for at most `max_failovers` failed requests and the
-    pool's retry budget; while no backend can take it, it waits within the same budget.
+    pool's retry budget; while no backend can take it, it waits within the same budget (`failover.py`).
 
     Bounded staleness: with `max_staleness` set, each sampled turn is first checked against the job's
-    turns so far: when the version it would be sampled under (its backend's, read after the dispatch gate,
+    turns so far: when the version it would be sampled under (its backend's, read after the weight-pause gate,
     so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
     version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
     `stale` (this and every later call raises), and "continue" samples it anyway. A group's refill also
@@ -184,13 +171,11 @@ class LLMSession:
         self.telemetry = TrajectoryTelemetry()
         self._trajectory_seq = dispatch.new_trajectory() if dispatch is not None else 0
         self._prompt_key: str | None = None
-        self.pause_clock = pause_clock
         self.pool = pool
         self.client = client if client is not None else pool.client
         self.trajectory = trajectory
         self.tokens = TokenStream(trajectory)
         self.sampling_params = {k: v for k, v in (sampling_params or {}).items() if k not in RESERVED_SAMPLING_KEYS}
-        self.max_failovers = max_failovers
         self.max_staleness = max_staleness
         self.stale_policy = stale_policy
         self.group_versions = group_versions
@@ -199,8 +184,17 @@ class LLMSession:
         self._finished = False
         self._lock = threading.Lock()
         self._local_shapes: dict[ChatTokenizer, TemplateShape] = {}
+        self._failover = Failover(pool, self._acquire, max_failovers=max_failovers, pause_clock=pause_clock)
 
     # public API ---------------------------------------------------------------------------------
+
+    @property
+    def max_failovers(self) -> int:
+        return self._failover.max_failovers
+
+    @property
+    def pause_clock(self) -> PauseClock | None:
+        return self._failover.pause_clock
 
     @property
     def token_ids(self) -> list[int]:
@@ -250,7 +244,7 @@ class LLMSession:
 
         async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
             # the weights this request was sent to: updates happen only while no call is in flight (the
-            # dispatch gate), and a call aborted for an update is sent again, reading the new version
+            # weight-pause gate), and a call aborted for an update is sent again, reading the new version
             version = backend.weight_version
             self._check_staleness(version)
             max_new = requested_tokens(params, len(prompt), backend.max_model_len)
@@ -271,7 +265,7 @@ class LLMSession:
 
         if not self._finished:  # placement, or a move at a tool-call boundary (no call of the job is running)
             self.pool.before_completion(self.job_id, self.view)
-        clock = _CallClock()
+        clock = CallClock()
         started = time.monotonic()
         try:
             (completion, weight_version), backend = await self._with_backend_pair(complete, priority, clock)
@@ -418,7 +412,7 @@ class LLMSession:
     # internals ----------------------------------------------------------------------------------
 
     @staticmethod
-    def _llm_seconds(started: float, clock: _CallClock) -> float:
+    def _llm_seconds(started: float, clock: CallClock) -> float:
         """A call's time since `started` less its admission and weight-pause waits."""
         return max(0.0, time.monotonic() - started - clock.queue_s - clock.pause_s)
 
@@ -433,12 +427,12 @@ class LLMSession:
             return shape
 
         async def probe(backend: Backend) -> TemplateShape:
-            shape = self.pool.cached(backend, "template_shape")
+            shape = self.pool.notes(backend).template_shape
             if shape is None:
                 base = await self._tokenize_messages(backend, _BASE, False)
                 other = await self._tokenize_messages(backend, _BASE_OTHER, False)
                 shape = _shape(base, other)
-                self.pool.cache(backend, "template_shape", shape)
+                self.pool.notes(backend).template_shape = shape
             return shape
 
         return await self._with_backend(probe)
@@ -470,96 +464,7 @@ class LLMSession:
         return result
 
     async def _with_backend_pair(
-        self, call: Callable[[Backend], Awaitable[T]], priority: int | None = None, clock: _CallClock | None = None
+        self, call: Callable[[Backend], Awaitable[T]], priority: int | None = None, clock: CallClock | None = None
     ) -> tuple[T, Backend]:
-        """Run `call` on the job's backend; when the backend fails, retry (see the class docstring).
-
-        Each attempt passes the pool's dispatch gate: while the trainer has paused dispatching for a weight
-        update the attempt waits there, and that wait neither spends the retry budget nor counts as a
-        failure; an attempt the pause aborted is sent again after the resume (nothing of it is kept). With a
-        `priority` (completions), the attempt then waits for its backend's admission slot, if the pool limits
-        calls in flight; `clock` adds up both waits."""
-        retry = self.pool.retry
-        gate = self.pool.gate
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = started + retry.budget_s
-        failures: list[str] = []
-        failed_on: set[str] = set()
-        waits = 0
-        while True:
-            ticket = await gate.enter(self.pause_clock)
-            deadline += ticket.waited_s
-            if clock is not None:
-                clock.pause_s += ticket.waited_s
-            try:
-                try:
-                    lease = self._acquire(failed_on, ticket)
-                except NoBackendAvailable as exc:
-                    delay = min(retry.delay_s(waits), deadline - loop.time())
-                    if delay <= 0:
-                        raise NoBackendAvailable(
-                            f"no LLM backend could take the call within the {retry.budget_s:g}s retry budget: {exc}"
-                            + (f"; earlier failures: {'; '.join(failures)}" if failures else "")
-                        ) from None
-                    waits += 1
-                else:
-                    backend = lease.backend
-                    backoff = 0.0
-                    if backend.address in failed_on:  # back again where this call failed: back off first
-                        backoff = min(retry.delay_s(len(failures) - 1), max(0.0, deadline - loop.time()))
-                    try:
-                        result = await ticket.run(self._attempt(backend, call, backoff, priority, clock))
-                        if clock is not None:
-                            clock.resumed_under = ticket.resumed()
-                            clock.pause_s += ticket.frozen_s
-                    except DispatchAborted:
-                        self.pool.abandoned(lease)  # no verdict on the backend: the trainer stopped the call
-                        continue
-                    except BackendUnavailable as exc:
-                        self.pool.failed(lease, str(exc))
-                        failures.append(f"{backend.address}: {exc}")
-                        failed_on.add(backend.address)
-                        if len(failures) > self.max_failovers or loop.time() >= deadline:
-                            raise type(exc)(
-                                f"LLM call failed after {len(failures)} failed request(s) in "
-                                f"{loop.time() - started:.1f}s: " + "; ".join(failures)
-                            ) from exc
-                        continue
-                    except BackendRequestError:
-                        self.pool.succeeded(lease)  # the backend works; the request was wrong
-                        raise
-                    except BaseException:
-                        self.pool.abandoned(lease)
-                        raise
-                    self.pool.succeeded(lease)
-                    return result, backend
-            finally:
-                self.pool.done(ticket)
-                gate.exit(ticket)
-            await asyncio.sleep(delay)  # no backend placeable: wait outside the gate, then try again
-
-    async def _attempt(
-        self,
-        backend: Backend,
-        call: Callable[[Backend], Awaitable[T]],
-        backoff_s: float,
-        priority: int | None,
-        clock: _CallClock | None,
-    ) -> T:
-        """One request: back off, wait for an admission slot (a cancelled wait leaves the gate), send it; its
-        slot is released however it ends."""
-        if backoff_s > 0:
-            await asyncio.sleep(backoff_s)
-        admission = self.pool.admission(backend) if priority is not None else None
-        if admission is None or priority is None:
-            await self.pool.resolve_model(backend)
-            return await call(backend)
-        slot = await admission.admit(priority)
-        if clock is not None:
-            clock.queue_s += slot.waited_s
-        try:
-            await self.pool.resolve_model(backend)
-            return await call(backend)
-        finally:
-            admission.release(slot)
+        """Run `call` on the job's backend, failing over when it fails (`Failover.run`)."""
+        return await self._failover.run(call, priority, clock)

@@ -22,7 +22,6 @@ import httpx
 from pydantic_core import to_json
 
 from prorl_server.llm import response_limits as limits
-from prorl_server.llm.dispatch_gate import frozen_with_the_call
 from prorl_server.llm.errors import (
     BackendProtocolError,
     BackendRequestError,
@@ -38,6 +37,7 @@ from prorl_server.llm.vllm_protocol import (
     parse_served_model,
     parse_tokens,
 )
+from prorl_server.llm.weight_pause_gate import frozen_with_the_call
 
 _MAX_CONNECTIONS = 4096
 _KEEPALIVE_S = 5.0  # an idle connection is closed after this (httpx's default)

@@ -3,8 +3,8 @@
 Values the server already keeps (queue depths, busy workers, backends' load and health, live sandboxes, held
 results, the action scheduler's pool and per-kind statistics) are read when scraped (`_StateCollector`);
 events (a job finished, an LLM request answered, a tool request, a sandbox start, results stored or
-acknowledged, a group member refilled) are counted as they happen, through the `on_*` hooks of the result
-store, the backend pool, the sandbox manager and the group runner. Every metric is listed in docs/metrics.md.
+acknowledged, a group member refilled) are counted as they happen: ServerState.build passes the methods
+below as the `on_*` hooks of the result store, the backend pool, the sandbox manager and the group runner. Every metric is listed in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ class BoundedLabels:
 class ServerMetrics:
     """One server instance's metrics, and the recent activity its dashboard shows (`activity`).
 
-    Building it hooks it to the orchestrator's result store, backend pool and sandbox manager.
+    Its event methods are the hooks ServerState.build gives the result store, backend pool, sandbox manager
+    and group runner; `collect` reads the rest from the orchestrator at each scrape.
     """
 
-    def __init__(self, orchestrator: Orchestrator, data_source_limit: int = MAX_DATA_SOURCE_LABELS) -> None:
+    def __init__(self, data_source_limit: int = MAX_DATA_SOURCE_LABELS) -> None:
         self.registry = CollectorRegistry()
         self.activity = RecentActivity()
         self._data_source = BoundedLabels(data_source_limit)
@@ -156,18 +157,10 @@ class ServerMetrics:
             "prorl_results_acknowledged", "Stored results removed by an acknowledgement.", registry=r
         )
         self.api_lag = LoopLag()  # sampled by the app's lifespan (api/app.py)
-        r.register(_StateCollector(orchestrator, self.api_lag))
-        self._hook(orchestrator)
 
-    def _hook(self, orchestrator: Orchestrator) -> None:
-        orchestrator.results.on_stored = self.result_stored
-        orchestrator.results.on_acknowledged = self.results_acknowledged.inc
-        orchestrator.backends.on_completion = self.completion
-        orchestrator.backends.on_failure = self.llm_failure
-        orchestrator.backends.on_tokenization = self.tokenization
-        if orchestrator.sandboxes is not None:
-            orchestrator.sandboxes.on_start = self.sandbox_started
-            orchestrator.sandboxes.on_tool_request = self.tool_request
+    def collect(self, orchestrator: Orchestrator) -> None:
+        """Read the gauges from `orchestrator` (its pipeline, backend pool and sandboxes) at each scrape."""
+        self.registry.register(_StateCollector(orchestrator, self.api_lag))
 
     # events --------------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ import asyncio
 import collections
 import threading
 
+from prorl_server.threadsafe import try_call_in_loop
+
 
 class CrossLoopSemaphore:
     """`await acquire()` on any loop; `release()` from any thread hands the permit to the oldest waiter."""
@@ -48,9 +50,7 @@ class CrossLoopSemaphore:
         with self._lock:
             while self._waiters:
                 loop, future = self._waiters.popleft()
-                try:
-                    loop.call_soon_threadsafe(self._grant, future)
-                except RuntimeError:  # that waiter's loop is closed
+                if not try_call_in_loop(loop, self._grant, future):  # that waiter's loop is closed
                     continue
                 self._granting[future] = loop
                 return

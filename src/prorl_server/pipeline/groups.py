@@ -265,6 +265,8 @@ class GroupRunner:
         retention_s: float | None = None,
         max_finished: int = MAX_FINISHED_GROUPS,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        on_refill: Callable[[str], None] | None = None,
     ) -> None:
         self.orchestrator = orchestrator
         self.retention_s = retention_s if retention_s is not None else orchestrator.settings.result_retention_s
@@ -275,7 +277,7 @@ class GroupRunner:
         self.lengths = LengthHistory()
         self.refill_attempts = orchestrator.settings.group_refill_attempts
         self.max_refills = orchestrator.settings.group_max_refills
-        self.on_refill: Callable[[str], None] | None = None  # each refill launched, with its reason (metrics)
+        self.on_refill = on_refill  # each refill launched, with its reason (metrics)
 
     def start(self, request: GroupRequest) -> Group:
         """Submit the members and start the group (call on the event loop). The same request under the same

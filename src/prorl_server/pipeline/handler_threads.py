@@ -16,7 +16,6 @@ whatever the method raises (SystemExit, StopIteration, ...) arrives intact.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import queue
@@ -24,6 +23,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from prorl_server.threadsafe import try_call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,7 @@ class HandlerThreads:
                     self._threads.discard(me)
                 else:
                     self._next_locked()
-            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for it
-                call.loop.call_soon_threadsafe(_deliver, call.future, outcome)
+            try_call_in_loop(call.loop, _deliver, call.future, outcome)  # False: its loop closed, nobody waits
             del call, outcome
             if surplus or self._closed:
                 return

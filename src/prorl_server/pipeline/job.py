@@ -12,6 +12,7 @@ from prorl_server.pipeline.handler_calls import HandlerMethods
 from prorl_server.pipeline.timer import PausableTimer
 from prorl_server.protocol import TERMINAL_STATUSES, JobResult, JobStatus
 from prorl_server.protocol.stages import STAGES, Stage
+from prorl_server.threadsafe import call_in_loop, try_call_in_loop
 
 __all__ = ["STAGES", "Job"]
 
@@ -135,7 +136,7 @@ class Job:
             self.result = result
             waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
-            loop.call_soon_threadsafe(_resolve, future, result)
+            call_in_loop(loop, _resolve, future, result)
         return True
 
     def claim_final_release(self) -> bool:
@@ -150,11 +151,7 @@ class Job:
             task, loop, interrupted = self._task, self._task_loop, self.interrupted
         if task is None or loop is None or interrupted is None:
             return False
-        try:
-            loop.call_soon_threadsafe(_interrupt, task, interrupted)
-        except RuntimeError:  # the loop closed: the stage is gone already
-            return False
-        return True
+        return try_call_in_loop(loop, _interrupt, task, interrupted)  # False: the loop closed, the stage is gone
 
     async def wait(self) -> JobResult:
         """Wait (on any event loop) until the job is terminal and return its result."""

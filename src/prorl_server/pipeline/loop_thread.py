@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
+from prorl_server.threadsafe import call_in_loop, run_in_loop, try_call_in_loop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,12 +91,12 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule a coroutine on this loop from any thread."""
         assert self.loop is not None, "loop thread not started"
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return run_in_loop(self.loop, coro)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Schedule a callback on this loop from any thread."""
         assert self.loop is not None, "loop thread not started"
-        self.loop.call_soon_threadsafe(fn, *args)
+        call_in_loop(self.loop, fn, *args)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every task on the loop, let them unwind, stop the loop and join the thread."""
@@ -111,8 +111,7 @@ class LoopThread:
                 left = -1
             if left:
                 log.warning("tasks on %s did not finish within %.1fs of cancellation", self.name, timeout)
-            with contextlib.suppress(RuntimeError):  # it closed meanwhile
-                loop.call_soon_threadsafe(loop.stop)
+            try_call_in_loop(loop, loop.stop)  # False: it closed meanwhile
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("loop thread %s did not exit within %.1fs", self.name, timeout)

@@ -88,6 +88,8 @@ class Orchestrator:
         gateway: SessionRegistry | None = None,
         services: QuotaRegistry | None = None,
         model_services: ModelServiceCache | None = None,
+        results: ResultStore | None = None,
+        journal: AdmissionLog | None = None,
     ) -> None:
         self.settings = settings
         self.dispatch = dispatch  # orders LLM calls waiting for admission; its predictor learns from completed jobs
@@ -101,8 +103,8 @@ class Orchestrator:
             self.services.add(judge.quota)
         self.model_services = model_services  # handlers reach them as ctx.model_service (None: none configured)
         self.gateway = gateway  # the OpenAI gateway's sessions, which handlers open with ctx.gateway_session()
-        self.results = ResultStore(settings.result_retention_s)
-        self.journal: AdmissionLog | None = None  # told of every admitted job (the results journal)
+        self.results = results if results is not None else ResultStore(settings.result_retention_s)
+        self.journal = journal  # told of every admitted job (the results journal)
         sizes = {Stage.INIT: settings.init_workers, Stage.RUN: settings.run_workers, Stage.EVAL: settings.eval_workers}
         self._handler_methods = HandlerMethodCache()
         self.pools = {

@@ -29,7 +29,16 @@ class ResultStore:
     acknowledged or when `retention_s` has passed since it was stored.
     """
 
-    def __init__(self, retention_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        retention_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        on_put: Callable[[], None] | None = None,
+        on_stored: Callable[[JobResult], None] | None = None,
+        on_acknowledged: Callable[[int], None] | None = None,
+        log: ResultLog | None = None,
+    ) -> None:
         self.retention_s = retention_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -38,10 +47,10 @@ class ResultStore:
         self._entries: dict[int, tuple[JobResult, float]] = {}
         self._digests: dict[str, str] = {}  # job id -> digest of the request that produced the stored result
         self._by_job: dict[str, int] = {}
-        self.on_put: Callable[[], None] | None = None
-        self.on_stored: Callable[[JobResult], None] | None = None  # metrics: each result stored
-        self.on_acknowledged: Callable[[int], None] | None = None  # metrics: how many results an ack removed
-        self.log: ResultLog | None = None  # told of every put and ack under the store's lock (their order)
+        self.on_put = on_put  # each result stored (wakes long polls)
+        self.on_stored = on_stored  # metrics: each result stored
+        self.on_acknowledged = on_acknowledged  # metrics: how many results an ack removed
+        self.log = log  # told of every put and ack under the store's lock (their order): the journal
 
     def put(self, result: JobResult, request_digest: str = "") -> int:
         """Store a result (replacing an older one of the same job id) with the digest of the request that

@@ -34,6 +34,9 @@ class SandboxManager:
         owner: str,
         default_spec: SandboxSpec | None = None,
         base_dir: Path = reaper.DEFAULT_BASE_DIR,
+        *,
+        on_start: Callable[[float | None], None] | None = None,
+        on_tool_request: Callable[[str, float, bool], None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.owner = owner
@@ -43,8 +46,8 @@ class SandboxManager:
         self._live: set[Sandbox] = set()
         # metrics: each start (seconds it took, or None when it failed), and each tool request of the sandboxes
         # started afterwards (action, seconds, whether it succeeded)
-        self.on_start: Callable[[float | None], None] | None = None
-        self.on_tool_request: Callable[[str, float, bool], None] | None = None
+        self.on_start = on_start
+        self.on_tool_request = on_tool_request
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox (the default spec unless given) and track it."""

@@ -1,4 +1,4 @@
-"""DispatchGate: holds LLM calls back while the trainer updates the policy's weights.
+"""WeightPauseGate: holds LLM calls back while the trainer updates the policy's weights.
 
 Every backend request of an LLMSession passes the gate (`enter`, then `Ticket.run`, then `exit`). While
 the gate is paused no call is dispatched: `enter` waits (on whatever event loop the caller runs: each
@@ -12,7 +12,7 @@ While frozen, a call's clock (the job's budget timer) is held, and so is every t
 `wait_idle` returns once no call is in flight (kept ones aside), which is when the engines may be updated.
 
 Thread-safe: state is kept under a threading lock, and waiters on other loops are woken with
-`call_soon_threadsafe`, as in `pipeline.cross_loop_semaphore`.
+`prorl_server.threadsafe`, as in `pipeline.cross_loop_semaphore`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, TypeVar
+
+from prorl_server.threadsafe import try_call_in_loop
 
 T = TypeVar("T")
 
@@ -33,7 +35,7 @@ _PRECEDENCE: dict[PauseMode, int] = {"wait": 0, "keep": 1, "abort": 2}  # a paus
 
 
 class Paused(NamedTuple):
-    """What one `DispatchGate.pause` did to the calls in flight."""
+    """What one `WeightPauseGate.pause` did to the calls in flight."""
 
     waited_for: int
     aborted: int
@@ -75,7 +77,7 @@ class Ticket:
     """One call admitted through the gate; `waited_s` is how long it was held back by a pause, `resumed_under`
     the versions set while a keep pause held it frozen."""
 
-    gate: DispatchGate
+    gate: WeightPauseGate
     waited_s: float
     clock: PauseClock | None = None
     aborted: bool = False
@@ -135,10 +137,9 @@ class Ticket:
             self.clock.release()
         self._on_loop(self._restart_timeouts, frozen)
 
-    def _on_loop(self, fn: object, *args: object) -> None:
+    def _on_loop(self, fn: Callable[..., object], *args: object) -> None:
         if self.loop is not None:
-            with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
-                self.loop.call_soon_threadsafe(fn, *args)  # type: ignore[arg-type]
+            try_call_in_loop(self.loop, fn, *args)  # False: its loop is closed, the call is gone anyway
 
     def _watch(self, timeout: asyncio.Timeout) -> None:
         with self.gate._lock:
@@ -168,7 +169,7 @@ class Ticket:
                     timeout.reschedule(deadline + frozen_s)
 
 
-class DispatchGate:
+class WeightPauseGate:
     """Pause/resume switch and in-flight counter for backend calls, usable from any thread or loop."""
 
     def __init__(self) -> None:
@@ -292,8 +293,7 @@ class DispatchGate:
         ticket._thaw_locked()
         ticket.aborted = True
         if ticket.task is not None and ticket.loop is not None:
-            with contextlib.suppress(RuntimeError):  # its loop is closed: the call is gone anyway
-                ticket.loop.call_soon_threadsafe(ticket.task.cancel)
+            try_call_in_loop(ticket.loop, ticket.task.cancel)  # False: its loop is closed, the call is gone anyway
         return True
 
     def resume(self) -> bool:
@@ -328,8 +328,7 @@ class DispatchGate:
 
 def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
     for loop, future in waiters:
-        with contextlib.suppress(RuntimeError):  # that loop is closed
-            loop.call_soon_threadsafe(_set_done, future)
+        try_call_in_loop(loop, _set_done, future)  # False: that loop is closed
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
