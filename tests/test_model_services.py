@@ -84,7 +84,7 @@ def states(cache: ModelServiceCache) -> dict[str, ServiceState]:
     return {s.name: s.state for s in cache.snapshot().services}
 
 
-async def until(condition, timeout: float = 5.0) -> None:
+async def until(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
