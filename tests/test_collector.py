@@ -113,11 +113,11 @@ async def test_group_calls_round_trip_with_typed_answers(ctl_server):
 
 
 async def test_a_retried_group_submit_whose_first_attempt_got_through_launches_once(ctl_server):
-    # the first answer comes after 3 s, the client gives up on it after 1 s; the members outlive both
-    proxy = HangOnceProxy(ctl_server.url, hang_s=3.0)
+    # the first answer comes after 4 s, the client gives up on it after 2 s; the members outlive both
+    proxy = HangOnceProxy(ctl_server.url, hang_s=4.0)
     thread = UvicornThread(proxy.app).start()
     try:
-        async with RolloutClient(thread.url, retry=FAST_RETRY, timeout=1.0) as client:
+        async with RolloutClient(thread.url, retry=FAST_RETRY, timeout=2.0) as client:
             gid = await client.groups.submit(group(INFORMATIVE, delay=10.0))
             assert proxy.seen == ["POST /groups", "POST /groups"]
             assert live_jobs(ctl_server) == 2, "the members run once"
