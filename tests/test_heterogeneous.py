@@ -21,12 +21,12 @@ from prorl_server.scheduling.heterogeneous import (
     place_on_workers,
     worker_order,
 )
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE
 from prorl_server.scheduling.migration import LiveTrajectory
 from prorl_server.scheduling.partition import place
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
 from prorl_server.scheduling.view import Prediction, TrajectoryView
 from prorl_server.simllm import SimLLMServer
-from prorl_server.simllm.profile import DEFAULT_PROFILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

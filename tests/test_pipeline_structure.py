@@ -16,8 +16,7 @@ from prorl_server.llm import BackendPool, LLMSession, VLLMClient
 from prorl_server.llm.token_stream import TokenStream
 from prorl_server.pipeline import STAGES
 from prorl_server.pipeline.handler_calls import HandlerMethodCache
-from prorl_server.pipeline.stages import Stage
-from prorl_server.protocol import ErrorInfo, Trajectory, TurnRecord
+from prorl_server.protocol import ErrorInfo, Stage, Trajectory, TurnRecord
 
 # the Stage enum ----------------------------------------------------------------------------------------
 

@@ -23,11 +23,11 @@ from prorl_server.api.state import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.llm.placement import POLICIES, interference_profile, make_policy
 from prorl_server.scheduling import placement_runtime
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE
 from prorl_server.scheduling.partition import place
 from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
 from prorl_server.scheduling.profile import Profile
 from prorl_server.scheduling.view import Prediction, TrajectoryView
-from prorl_server.simllm.profile import DEFAULT_PROFILE
 from prorl_server.testing import ScriptedReply
 
 LONG, SHORT = "the long task", "the short task"

@@ -18,8 +18,8 @@ from engine_fixtures import REQUIRE_VLLM_ENV
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool
-from prorl_server.agent.tool_formats import FORMATS, HERMES, backend_format
 from prorl_server.testing.uvicorn_thread import free_port
+from prorl_server.tool_formats import FORMATS, HERMES, backend_format
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 QWEN3_CODER = TEMPLATES / "qwen3_coder.jinja"

@@ -19,7 +19,7 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from prorl_server.agent import parse_tool_calls
-from prorl_server.agent.tool_formats import FORMATS, MalformedCall, ToolCall, ToolCallFormat, detect_format
+from prorl_server.tool_formats import FORMATS, MalformedCall, ToolCall, ToolCallFormat, detect_format
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 TOOLS = [
@@ -310,8 +310,8 @@ def test_render_then_parse_is_the_identity(name):
 def test_the_setting_names_every_format_and_auto_is_hermes():
     from typing import get_args
 
-    from prorl_server.agent.tool_formats import HERMES, tool_format
     from prorl_server.config import ServerSettings, ToolCallFormatName
+    from prorl_server.tool_formats import HERMES, tool_format
 
     assert set(get_args(ToolCallFormatName)) == {"auto", *FORMATS}
     assert ServerSettings().tool_call_format == "auto" and tool_format("auto") is HERMES

@@ -4,7 +4,8 @@ Values the server already keeps (queue depths, busy workers, backends' load and 
 results, the action scheduler's pool and per-kind statistics) are read when scraped (`_StateCollector`);
 events (a job finished, an LLM request answered, a tool request, a sandbox start, results stored or
 acknowledged, a group member refilled) are counted as they happen: ServerState.build passes the methods
-below as the `on_*` hooks of the result store, the backend pool, the sandbox manager and the group runner. Every metric is listed in docs/metrics.md.
+below as the `on_*` hooks of the result store, the backend pool, the sandbox manager and the group runner.
+Every metric is listed in docs/metrics.md.
 """
 
 from __future__ import annotations
