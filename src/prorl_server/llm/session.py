@@ -268,7 +268,7 @@ class LLMSession:
         clock = CallClock()
         started = time.monotonic()
         try:
-            (completion, weight_version), backend = await self._with_backend_pair(complete, priority, clock)
+            (completion, weight_version), backend = await self._failover.run(complete, priority, clock)
         except BaseException:
             self.telemetry.call_ended(self._llm_seconds(started, clock), clock.queue_s, answered=False)
             raise
@@ -460,11 +460,6 @@ class LLMSession:
         return self.pool.tokenize_chat(backend, messages, add_generation_prompt, tools, self.client)
 
     async def _with_backend(self, call: Callable[[Backend], Awaitable[T]]) -> T:
-        result, _ = await self._with_backend_pair(call)
-        return result
-
-    async def _with_backend_pair(
-        self, call: Callable[[Backend], Awaitable[T]], priority: int | None = None, clock: CallClock | None = None
-    ) -> tuple[T, Backend]:
         """Run `call` on the job's backend, failing over when it fails (`Failover.run`)."""
-        return await self._failover.run(call, priority, clock)
+        result, _ = await self._failover.run(call)
+        return result
