@@ -60,8 +60,8 @@ Part 3 - results journal on vs off
     one at a time, then `--journal-jobs` at `--concurrency`, each result padded with an artifact of
     `--journal-payload-bytes` (a trajectory stand-in: the journal writes every result). With the journal,
     every /process answer waits until its result is committed. The server's CPU per job counts the
-    thread that serializes the journal's batches; the writer process (SQLite's own work, outside the
-    server's GIL) is measured apart, from /proc. The hot-path cost is reported as percentages: jobs/s lost,
+    serialization of every change (by the thread that makes it) and the API loop's sends to the writer
+    process; the writer process (SQLite's own work, outside the server's GIL) is measured apart, from /proc. The hot-path cost is reported as percentages: jobs/s lost,
     server CPU per job added, and CPU per job added with the writer process's counted in.
     No-op jobs are the worst case (the server does nothing else per job); the same comparison is then made
     on part 2's synthetic workload (the "pipeline" design, same job list, same rounds), whose jobs spend
@@ -838,7 +838,7 @@ def _writer_cpu_s() -> float:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != os.getpid() or b"journal/database.py" not in (proc / "cmdline").read_bytes():
+            if int(fields[1]) != os.getpid() or b"journal/commit_loop.py" not in (proc / "cmdline").read_bytes():
                 continue
         except (OSError, ValueError):  # it ended meanwhile
             continue

@@ -4,6 +4,7 @@ second server on the same journal, and refuses a corrupt journal with a clear me
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -23,7 +24,7 @@ from prorl_server.config import ServerSettings
 from prorl_server.journal import RESTART_ERROR_TYPE, JournalError
 from prorl_server.journal.database import Batch, open_database, write
 from prorl_server.journal.recovery import recover
-from prorl_server.protocol import JobResult, JobStatus
+from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
 from prorl_server.testing.uvicorn_thread import free_port
 
 HERE = Path(__file__).parent
@@ -292,45 +293,127 @@ def test_a_batch_larger_than_one_statement_is_written_whole(tmp_path):
     assert recovered.next_seq == 401 and recovered.in_flight == []
 
 
-def test_a_waiter_is_committed_at_once_when_every_job_in_flight_waits(tmp_path, monkeypatch):
-    """The writer holds commits apart to batch them, but not when someone waits and no job is in flight (no
-    result is coming that could share the commit). Shown with the interval set to a minute."""
-    import asyncio
-
-    from prorl_server.journal import writer as writer_module
+@pytest.fixture
+def writer_on(tmp_path):
+    """A JournalWriter on a fresh journal with its own writer process (commit interval as given); closed,
+    and its lock released, after the test."""
     from prorl_server.journal.lock import JournalLock
     from prorl_server.journal.process import WriterProcess
-    from prorl_server.protocol import ProcessRequest
+    from prorl_server.journal.writer import JournalWriter
 
-    monkeypatch.setattr(writer_module, "COMMIT_INTERVAL_S", 60.0)
-    path = tmp_path / "journal.sqlite3"
-    lock = JournalLock(path)
-    open_database(path).close()
-    assert lock.fd is not None
-    journal = writer_module.JournalWriter(WriterProcess(path, "normal", lock.fd), path, 3600.0, 3600.0)
-    journal.start()
+    made = []
 
-    def job(job_id: str) -> tuple[ProcessRequest, JobResult]:
-        request = ProcessRequest.model_validate({**JOB, "job_id": job_id})
-        return request, JobResult(job_id=job_id, status=JobStatus.COMPLETED, reward=1.0)
+    def make(commit_interval_s: float = 0.002) -> tuple[JournalWriter, WriterProcess, Path]:
+        path = tmp_path / "journal.sqlite3"
+        lock = JournalLock(path)
+        open_database(path).close()
+        assert lock.fd is not None
+        process = WriterProcess(
+            path, "normal", lock.fd, retention_s=3600.0, compact_interval_s=3600.0, commit_interval_s=commit_interval_s
+        )
+        writer = JournalWriter(process, path)
+        made.append((writer, lock))
+        return writer, process, path
+
+    yield make
+    for writer, lock in made:
+        writer.close()
+        lock.release()
+
+
+def job(job_id: str, artifact: str = "") -> tuple[ProcessRequest, JobResult]:
+    request = ProcessRequest.model_validate({**JOB, "job_id": job_id})
+    result = JobResult(job_id=job_id, status=JobStatus.COMPLETED, reward=1.0, artifacts={"a": artifact})
+    return request, result
+
+
+def test_a_waiter_is_committed_at_once_when_every_job_in_flight_waits(writer_on):
+    """The writer holds commits apart to batch them, but not when someone waits and no job is in flight (no
+    result is coming that could share the commit). Shown with the interval set to a minute."""
+    journal, _, path = writer_on(commit_interval_s=60.0)
 
     async def scenario() -> None:
         (req_a, res_a), (req_b, res_b) = job("a"), job("b")
         journal.admitted("a", "digest-a", req_a)
         journal.admitted("b", "digest-b", req_b)
-        await journal.durable()  # the first change after a quiet spell is committed at once
+        await journal.durable()  # a waiter on admissions alone: no result is coming to share the commit
         journal.stored(1, res_a, "digest-a")
-        waiter = asyncio.ensure_future(journal.durable())
+        waiter = asyncio.ensure_future(journal.durable(admissions=False))
         await asyncio.sleep(0.5)
         assert not waiter.done(), "b is still in flight: the commit waits for the interval (a minute here)"
-        journal.stored(2, res_b, "digest-b")
-        await asyncio.wait_for(asyncio.shield(waiter), 10)  # b has finished too: nothing is in flight
+        journal.stored(2, res_b, "digest-b")  # b has finished too: nothing is in flight, committed at once
+        await asyncio.wait_for(asyncio.shield(waiter), 10)
 
-    try:
-        asyncio.run(asyncio.wait_for(scenario(), 30))
-    finally:
-        journal.close()
-        lock.release()
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert rows(path, "results") == 2 and rows(path, "jobs") == 0
+
+
+def test_a_result_larger_than_the_socket_takes_is_committed_whole_and_in_order(writer_on):
+    """Changes go out without blocking their thread: what the socket cannot take at once is sent by the
+    sender thread as the writer process reads, in order (the acknowledgement after a 12 MB result, then
+    a small result after both)."""
+    journal, _, path = writer_on()
+    big = "x" * (12 << 20)
+
+    async def scenario() -> None:
+        (req_a, res_a), (req_b, res_b) = job("a", big), job("b")
+        journal.admitted("a", "d", req_a)
+        journal.admitted("b", "d", req_b)
+        journal.stored(1, res_a, "d")
+        journal.removed([1])
+        journal.stored(2, res_b, "d")
+        await asyncio.wait_for(journal.durable(), 60)
+
+    asyncio.run(scenario())
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT count(*) FROM results").fetchone()[0] == 2
+        assert db.execute("SELECT seq FROM results").fetchall() == [(2,)]
         assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_a_killed_writer_process_releases_every_waiter_and_is_logged_once(writer_on, caplog):
+    """kill -9 of the writer process: waiters return (the changes are kept in memory only, as without a
+    journal), one ERROR says so, and later changes neither raise nor log again."""
+    journal, process, _ = writer_on(commit_interval_s=60.0)
+
+    async def scenario() -> None:
+        (req_a, res_a), (req_b, _) = job("a"), job("b")
+        journal.admitted("a", "d", req_a)
+        journal.admitted("b", "d", req_b)
+        journal.stored(1, res_a, "d")  # b is in flight: held for the interval (a minute)
+        waiter = asyncio.ensure_future(journal.durable(admissions=False))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        os.kill(process.pid, signal.SIGKILL)
+        await asyncio.wait_for(waiter, 10)
+        journal.removed([1])
+        await asyncio.wait_for(journal.durable(), 1)
+
+    with caplog.at_level("ERROR", logger="prorl_server.journal.writer"):
+        asyncio.run(scenario())
+    gone = [r for r in caplog.records if "kept in memory only" in r.getMessage()]
+    assert len(gone) == 1, caplog.text
+
+
+def test_a_job_that_ends_within_the_interval_gets_no_in_flight_row(writer_on):
+    """Admissions alone wait the interval (nobody waits for them): a job whose result comes meanwhile is
+    written once, with its result. Shown with the interval at a minute: its in-flight row is never written."""
+    journal, _, path = writer_on(commit_interval_s=60.0)
+
+    async def scenario() -> None:
+        (req_a, res_a), (req_b, _) = job("a"), job("b")
+        journal.admitted("b", "d", req_b)
+        await journal.durable()  # b's admission on disk; b stays in flight
+        journal.admitted("a", "d", req_a)
+        await asyncio.sleep(0.3)
+        assert rows(path, "jobs") == 1, "a's admission is held, b's alone is on disk"
+        journal.stored(1, res_a, "d")
+        waiter = asyncio.ensure_future(journal.durable(admissions=False))
+        await asyncio.sleep(0.3)
+        assert not waiter.done() and rows(path, "jobs") == 1
+        journal.close()  # closing commits everything sent
+        await asyncio.wait_for(waiter, 10)
+
+    asyncio.run(scenario())
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT job_id FROM jobs").fetchall() == [("b",)]
+        assert db.execute("SELECT job_id FROM results").fetchall() == [("a",)]

@@ -1,7 +1,7 @@
 """Crossing from a thread (or another event loop) to an event loop: the one place that does it.
 
 The server runs several event loops (the API's, one per stage pool, the health checks', a client's loop
-thread) and plain threads (handler threads, the journal's writer thread). Whatever wakes a waiter, hands it
+thread) and plain threads (handler threads, the journal's sender thread). Whatever wakes a waiter, hands it
 a grant or cancels its task from elsewhere goes through these helpers, so a loop that closed meanwhile is
 handled alike everywhere: `try_call_in_loop` says False (nothing is scheduled: its waiters are gone), and
 `call_in_loop` / `run_in_loop` raise RuntimeError as asyncio does, for callers that handle it themselves.

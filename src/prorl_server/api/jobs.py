@@ -43,7 +43,7 @@ async def process(request: Request) -> Response:
     check_instance(state.orchestrator.registry, body.instance)
     job = state.orchestrator.submit(body)
     result = await job.wait()
-    await state.durable()
+    await state.durable(admissions=False)
     return model_response(result)
 
 
@@ -78,7 +78,7 @@ async def list_results(
             results, cursor = state.orchestrator.results.page(statuses, after, limit)
             remaining = deadline - time.monotonic()
             if results or remaining <= 0:
-                await state.durable()
+                await state.durable(admissions=False)
                 return model_response(JobList(results=results, next_cursor=cursor))
             await state.signal.wait(remaining)
 
@@ -88,7 +88,7 @@ async def acknowledge(request: Request, state: State) -> AckResponse:
     """Drop stored results the trainer has safely received."""
     body = await parse_body(request, AckRequest)
     acknowledged = state.orchestrator.results.ack(body.job_ids, body.through)
-    await state.durable()
+    await state.durable(admissions=False)
     return AckResponse(acknowledged=acknowledged)
 
 
@@ -100,7 +100,7 @@ async def get_job(job_id: JobIdPath, state: State) -> Response:
         raise HTTPException(404, f"no job {job_id!r} (never submitted, acknowledged, or past retention)")
     status, result = found
     if result is not None:
-        await state.durable()
+        await state.durable(admissions=False)
     return model_response(JobStatusResponse(job_id=job_id, status=status, result=result))
 
 

@@ -195,8 +195,11 @@ class ServerState:
         return cls(settings, registry, backends, orchestrator, gateway, metrics, groups, signal, journal)
 
     async def open(self) -> None:
-        """Reap orphaned sandboxes, start health checks and (with autostart) the pipeline."""
+        """Give the journal (if any) this event loop, reap orphaned sandboxes, start health checks and (with
+        autostart) the pipeline."""
         self.signal.bind(asyncio.get_running_loop())
+        if self.journal is not None:
+            self.journal.attach(asyncio.get_running_loop())
         if self.orchestrator.sandboxes is not None:
             await asyncio.to_thread(self.orchestrator.sandboxes.reap_orphans)
         self.health.start()
@@ -219,10 +222,12 @@ class ServerState:
         self.health.submit(self.backends.client.aclose_current_loop()).result(5)
         self.health.stop()
 
-    async def durable(self) -> None:
-        """With a journal: return once every change so far is on disk (a no-op without one)."""
+    async def durable(self, *, admissions: bool = True) -> None:
+        """With a journal: return once every change so far is on disk (a no-op without one); with
+        `admissions=False`, every result stored or acknowledged so far (what an answer that hands out results
+        or confirms an acknowledgement needs)."""
         if self.journal is not None:
-            await self.journal.durable()
+            await self.journal.durable(admissions=admissions)
 
     def probe_soon(self) -> None:
         """Run one health-check round now (after a registration)."""

@@ -1,5 +1,5 @@
 """The SQLite file of the results journal (WAL mode): its schema, its checks and its writes. Standard library
-only: run as a script, this module is the journal's writer process (`WriterProcess` starts it).
+only: the journal's writer process (`commit_loop.py`) imports it outside the package.
 
 Tables: `jobs` holds each admitted job that has no result yet (its request, to fail or re-queue it after a
 crash); `results` each stored, unacknowledged result under its cursor `seq`; `meta` the next cursor as of
@@ -15,13 +15,10 @@ fsyncs every commit, which survives power loss too, at the cost of one fsync per
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 APPLICATION_ID = 0x70726C6A  # "prlj": marks the file as a prorl-server journal
@@ -56,11 +53,6 @@ class Batch:
     jobs_added: list[tuple[str, str, str, float]] = field(default_factory=list)  # id, digest, request, t
     results_added: list[tuple[int, str, str, str, float]] = field(default_factory=list)  # seq, id, digest, result, t
     results_removed: list[int] = field(default_factory=list)
-
-    def to_wire(self) -> tuple[list, ...]:
-        """Plain lists, for the writer process (which does not import this package); not copied (dataclasses'
-        `astuple` deep-copies every row, which cost more than the rest of a batch's trip)."""
-        return (self.jobs_done, self.jobs_added, self.results_added, self.results_removed)
 
 
 def open_database(path: Path, sync: str = "normal") -> sqlite3.Connection:
@@ -163,46 +155,3 @@ def _chunked(db: sqlite3.Connection, sql: str, rows: Sequence[tuple[object, ...]
 
 def _reason(exc: BaseException) -> str:
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-
-
-# the writer process -------------------------------------------------------------------------------
-
-
-def serve_writer(conn: Connection, path: Path, sync: str) -> None:
-    """Answer the server's requests on `conn` until it closes it (or dies): ("write", batch) -> ("ok", None),
-    ("compact", retention_s) -> ("ok", deleted); a failure -> ("error", message)."""
-    try:
-        db = open_database(path, sync)
-    except JournalError as exc:
-        conn.send(("error", str(exc)))
-        return
-    conn.send(("ok", None))
-    try:
-        while True:
-            try:
-                op, argument = conn.recv()
-            except (EOFError, OSError):  # the server closed the journal, or died: everything it sent is written
-                return
-            try:
-                if op == "write":
-                    write(db, Batch(*argument))
-                    reply: tuple[str, object] = ("ok", None)
-                else:
-                    reply = ("ok", compact(db, argument))
-            except Exception as exc:
-                reply = ("error", f"{type(exc).__name__}: {exc}")
-            try:
-                conn.send(reply)
-            except OSError:  # the server died while this batch was written; it is written
-                return
-    finally:
-        db.close()
-
-
-if __name__ == "__main__":
-    # SIGINT and SIGTERM go to the server, which closes the journal when it has written everything; the
-    # process ends when the server closes its end of the connection or dies.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _path, _sync, _fd = sys.argv[1:4]
-    serve_writer(Connection(int(_fd)), Path(_path), _sync)

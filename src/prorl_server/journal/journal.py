@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,11 +32,12 @@ class Journal:
 
     Opening takes the journal's lock (a second server on the same file is refused) and checks the file;
     `recover` reads it back and gives the writer, which the server passes to its result store and
-    orchestrator (their log of every admission, stored result and acknowledgement, written through one
-    writer thread by the writer process); `restore` then puts the recovered state into the orchestrator:
-    unacknowledged results come back under their cursors, cursors continue, and jobs that were in flight get
-    a failed result (`error.type` "ServerRestarted"), or are kept for `requeue` when their request said
-    `requeue_on_restart`. Raises JournalError when the journal cannot be used."""
+    orchestrator (their log of every admission, stored result and acknowledgement, sent as they happen to
+    the writer process, which commits them in batches); `restore` then puts the recovered state into the
+    orchestrator: unacknowledged results come back under their cursors, cursors continue, and jobs that were
+    in flight get a failed result (`error.type` "ServerRestarted"), or are kept for `requeue` when their
+    request said `requeue_on_restart`; `attach` hands the writer the API's event loop once it runs. Raises
+    JournalError when the journal cannot be used."""
 
     def __init__(
         self, path: str | Path, *, retention_s: float, sync: JournalSync = "normal", compact_interval_s: float = 300.0
@@ -66,18 +68,23 @@ class Journal:
         finally:
             self._db.close()  # the writer process writes from now on
         assert self._lock.fd is not None
-        process = WriterProcess(self.path, self._sync, self._lock.fd)
-        self._writer = JournalWriter(process, self.path, self._retention_s, self._compact_interval_s)
+        process = WriterProcess(
+            self.path,
+            self._sync,
+            self._lock.fd,
+            retention_s=self._retention_s,
+            compact_interval_s=self._compact_interval_s,
+        )
+        self._writer = JournalWriter(process, self.path)
         return self._writer
 
     def restore(self, orchestrator: Orchestrator) -> None:
-        """Put what `recover` read into `orchestrator` (built with the writer as its logs), and start writing."""
+        """Put what `recover` read into `orchestrator` (built with the writer as its logs)."""
         recovered, self._recovered = self._recovered, None
         assert recovered is not None and self._writer is not None, "call recover() first"
         results = orchestrator.results
         assert results.log is self._writer and orchestrator.journal is self._writer, "built without the writer"
         results.restore(((r.seq, r.result, r.digest, r.age_s) for r in recovered.results), recovered.next_seq)
-        self._writer.start()
         failed = 0
         for job in recovered.in_flight:
             if job.request.requeue_on_restart:
@@ -111,10 +118,16 @@ class Journal:
             log.info("journal: %d of %d in-flight jobs re-queued after the restart", requeued, len(jobs))
         return requeued
 
-    async def durable(self) -> None:
-        """Return once every change made so far is committed (without blocking the event loop)."""
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have `loop` (the API's, running: call this on it) send the changes and read their commits."""
         if self._writer is not None:
-            await self._writer.durable()
+            self._writer.attach(loop)
+
+    async def durable(self, *, admissions: bool = True) -> None:
+        """Return once every change made so far is committed (without blocking the event loop); with
+        `admissions=False`, every result stored or acknowledged so far."""
+        if self._writer is not None:
+            await self._writer.durable(admissions=admissions)
 
     def close(self) -> None:
         """Write what is queued, stop the writer process and release the lock (idempotent)."""

@@ -1,235 +1,219 @@
-"""JournalWriter: the one thread that feeds the journal's writer process, so the event loop and the stage
-threads never wait for the disk.
+"""JournalWriter: the server's side of the journal's writer process. Changes go to it as they happen, and
+`durable()` waits, without blocking its event loop, until every change made before it is committed.
 
-Callers enqueue changes (a job admitted, a result stored, results acknowledged) in the order they happen;
-the thread takes whatever has queued up and has the writer process commit it in one transaction (group
-commit: under load, one commit covers many changes). `durable()` lets a request wait, without blocking its event loop, until every
-change made before it is committed."""
+Each change (a job admitted, a result stored, results acknowledged) is serialized by the thread that makes
+it and queued, in order, for the writer process (`WriterProcess.send` never blocks; the attached event loop
+sends what queued up once per commit interval). The process commits in batches (`commit_loop.py` says when)
+and counts what it committed on an eventfd that the attached loop reads: no thread of the server's own sits
+between a change and its commit, so a request that waits for its result to be on disk pays one wake-up of
+the writer process and one of its own loop. Two hints make the batches: a stored result that leaves no job
+in flight is sent and committed at once (one request at a time pays the commit, not the interval), and so
+is a waiter when no result is coming that could share the commit.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import heapq
+import itertools
 import logging
-import queue
+import os
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from prorl_server.journal.database import Batch
-from prorl_server.journal.process import WriterProcess
+from prorl_server.journal.commit_loop import ADMIT, FLUSH, REMOVE, STORE, encode_frame
+from prorl_server.journal.process import WriterGone, WriterProcess
 from prorl_server.protocol import JobResult, ProcessRequest
-from prorl_server.threadsafe import try_call_in_loop
+from prorl_server.threadsafe import run_in_loop, try_call_in_loop
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 2048
-"""Changes per transaction, at most."""
-
-COMMIT_INTERVAL_S = 0.002
-"""Commits start at least this far apart: under load, what queues up meanwhile shares one commit (a commit,
-with its round trip to the writer process and its thread wake-ups, costs several times what one more row
-in it costs). A change that comes after a quiet spell is committed at once, and so is a batch that someone
-waits for (`durable()`) while no job is in flight: then no result is coming that could share the commit (one
-request at a time pays the commit, not the interval). A result is committed at most this much later than it
-would be without."""
-
-
-@dataclass(frozen=True)
-class _Admitted:
-    job_id: str
-    digest: str
-    request: ProcessRequest
-
-
-@dataclass(frozen=True)
-class _Stored:
-    seq: int
-    result: JobResult
-    digest: str
-
-
-@dataclass(frozen=True)
-class _Removed:
-    seqs: list[int]
-
-
-@dataclass(frozen=True)
-class _Barrier:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
-
-
-_STOP = object()
+_Waiter = tuple[int, int, asyncio.AbstractEventLoop, "asyncio.Future[None]"]  # target, ticket, loop, future
 
 
 class JournalWriter:
-    """Sends queued changes, in batches, to the writer process from its own thread; has the journal compacted
-    every `compact_interval_s` (results past `retention_s` deleted, free pages given back)."""
+    """Sends every change to the writer process and tells waiters when it is committed."""
 
-    def __init__(self, process: WriterProcess, path: Path, retention_s: float, compact_interval_s: float) -> None:
+    def __init__(self, process: WriterProcess, path: Path) -> None:
         self._process = process
         self._path = path
-        self._retention_s = retention_s
-        self._compact_interval_s = compact_interval_s
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._count_lock = threading.Lock()
+        self._lock = threading.Lock()  # frame order, counts, waiters
         self._open: set[str] = set()  # jobs admitted and not yet stored
-        self._waiting = 0  # durable() calls not yet released
-        self._kick = threading.Event()  # ends the writer's wait between commits: a waiter, and no job in flight
-        self._enqueued = 0  # changes queued so far
-        self._written = 0  # changes committed (or given up on after a write error) so far
-        self._failing = False
+        self._sent = 0  # frames sent so far
+        self._last_result = 0  # number of the last frame that stored or removed results
+        self._flushed = 0  # number of the last frame that asked for a commit now (urgent STORE, FLUSH)
+        self._committed = 0  # frames the writer process has counted (read on the home loop)
+        self._waiters: list[_Waiter] = []  # a heap: the lowest target first
+        self._tickets = itertools.count()  # ties between targets: first come, first released
+        self._home: asyncio.AbstractEventLoop | None = None  # the loop that reads the commit count
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="prorl-journal", daemon=True)
-
-    def start(self) -> None:
-        """Start the writer thread."""
-        self._thread.start()
+        self._gone_reported = False
 
     # changes (any thread) -------------------------------------------------------------------------
 
     def admitted(self, job_id: str, digest: str, request: ProcessRequest) -> None:
         """A job was admitted: keep its request until it has a result."""
-        self._put(_Admitted(job_id, digest, request))
+        frame = (ADMIT, job_id, digest, request.model_dump_json(), time.time())
+        with self._lock:
+            self._open.add(job_id)
+            self._send(frame)
 
     def stored(self, seq: int, result: JobResult, request_digest: str) -> None:
         """A result was stored under cursor `seq` (it replaces the job's in-flight entry)."""
-        self._put(_Stored(seq, result, request_digest))
+        text = result.model_dump_json()
+        with self._lock:
+            self._open.discard(result.job_id)
+            urgent = not self._open
+            self._send((STORE, seq, result.job_id, request_digest, text, time.time(), urgent), now=urgent)
+            self._last_result = self._sent
+            if urgent:
+                self._flushed = self._sent
 
     def removed(self, seqs: list[int]) -> None:
         """Results were acknowledged, or replaced by a newer result of the same job."""
-        self._put(_Removed(seqs))
+        with self._lock:
+            self._send((REMOVE, seqs))
+            self._last_result = self._sent
 
-    def _put(self, change: object) -> None:
-        with self._count_lock:
-            if self._closed:
-                return
-            if isinstance(change, _Admitted):
-                self._open.add(change.job_id)
-            elif isinstance(change, _Stored):
-                self._open.discard(change.result.job_id)
-            self._enqueued += 1
-            self._queue.put(change)
-            self._kick_if_nothing_in_flight()
+    def _send(self, change: tuple[object, ...], *, now: bool = False) -> None:
+        """Send one frame (the lock held, so frames go in the order their changes happened); `now`: it asks
+        for a commit now."""
+        if self._closed or self._process.gone is not None:
+            return
+        try:
+            self._process.send(encode_frame(change), now=now)
+        except WriterGone as exc:
+            self._writer_gone(str(exc))
+            return
+        self._sent += 1
 
-    def _kick_if_nothing_in_flight(self) -> None:
-        if self._waiting and not self._open:
-            self._kick.set()
+    # waiting (event loops) ------------------------------------------------------------------------
 
-    async def durable(self) -> None:
-        """Return once every change queued before this call is committed (at once if there is none)."""
-        if self._written >= self._enqueued:
+    async def durable(self, *, admissions: bool = True) -> None:
+        """Return once every change made before this call is committed (at once if there is none); with
+        `admissions=False`, every result stored or acknowledged before it (what a reader of results needs:
+        jobs admitted meanwhile do not hold it back)."""
+        target = self._sent if admissions else self._last_result
+        if self._committed >= target:
             return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        with self._count_lock:
-            if self._closed:  # close() writes everything queued before it returns
-                return
-            self._waiting += 1
-            self._queue.put(_Barrier(loop, future))
-            self._kick_if_nothing_in_flight()
+        with self._lock:
+            if self._closed or self._process.gone is not None or self._committed >= target:
+                return  # close() commits everything sent before it returns
+            heapq.heappush(self._waiters, (target, next(self._tickets), loop, future))
+            if self._flushed < target and (not self._open or self._last_result <= self._committed):
+                self._send((FLUSH,), now=True)  # no result is coming that could share the commit
+                self._flushed = self._sent
+            if self._home is None or self._home.is_closed():
+                self._attach_locked(loop)
         await future
 
-    # the writer thread ----------------------------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make `loop` (the running loop: call this on it) the one that reads the commit count and sends the
+        changes that queue up; otherwise the first loop that waits in `durable()` is."""
+        with self._lock:
+            if not self._closed and self._process.gone is None:
+                self._attach_locked(loop)
+
+    def _attach_locked(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._home = loop
+        loop.add_reader(self._process.committed_fd, self._on_commit)
+        loop.add_reader(self._process.socket.fileno(), self._on_socket)
+        self._process.attach(loop)
+
+    def _on_commit(self) -> None:
+        """The home loop: the writer process counted more frames as committed."""
+        try:
+            count = os.eventfd_read(self._process.committed_fd)
+        except BlockingIOError:
+            return
+        with self._lock:
+            self._committed += count
+            released = []
+            while self._waiters and self._waiters[0][0] <= self._committed:
+                released.append(heapq.heappop(self._waiters))
+        _resolve(released)
+
+    def _on_socket(self) -> None:
+        """The home loop: the writer process never writes to the socket, so it ended (or was killed)."""
+        try:
+            if self._process.socket.recv(1):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._process.mark_gone(f"the journal's writer process (pid {self._process.pid}) ended")
+        with self._lock:
+            self._writer_gone(str(self._process.gone))
+
+    def _writer_gone(self, why: str) -> None:
+        """Log it once, stop reading the count, and release every waiter (the lock held)."""
+        if self._gone_reported:
+            return
+        self._gone_reported = True
+        log.error(
+            "cannot write the journal %s: %s; results are kept in memory only (a crash loses them)", self._path, why
+        )
+        home, self._home = self._home, None
+        if home is not None:
+            try_call_in_loop(home, self._remove_readers, home)
+        released, self._waiters = self._waiters, []
+        _resolve(released)
+
+    def _remove_readers(self, home: asyncio.AbstractEventLoop) -> None:
+        """On `home`: stop watching the writer process's eventfd and socket."""
+        home.remove_reader(self._process.committed_fd)
+        home.remove_reader(self._process.socket.fileno())
+
+    # closing --------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Write everything queued, then stop the thread and the writer process (idempotent)."""
-        with self._count_lock:
+        """Commit everything sent, then stop the writer process and release every waiter (idempotent)."""
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(_STOP)
-            self._kick.set()
-        if self._thread.is_alive():
-            self._thread.join()
+            home, self._home = self._home, None
+        if home is not None and not home.is_closed():  # before their file descriptors close
+            if _running_loop() is home:
+                self._remove_readers(home)
+            else:
+                with contextlib.suppress(RuntimeError, TimeoutError):
+                    run_in_loop(home, _call(self._remove_readers, home)).result(5)
         self._process.close()
+        with self._lock:
+            released, self._waiters = self._waiters, []
+        _resolve(released)
 
-    def _run(self) -> None:
-        next_compaction = time.monotonic() + self._compact_interval_s
-        last_commit = 0.0
-        stop = False
-        while not stop:
-            timeout = max(0.0, next_compaction - time.monotonic())
-            try:
-                batch = [self._queue.get(timeout=timeout)]
-            except queue.Empty:
-                batch = []
-            wait = last_commit + COMMIT_INTERVAL_S - time.monotonic()
-            if batch and wait > 0:
-                self._kick.wait(wait)
-            self._kick.clear()  # before taking the batch: a kick for a change taken later stays set
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(change is _STOP for change in batch)
-            changes = [c for c in batch if not isinstance(c, _Barrier) and c is not _STOP]
-            if changes:
-                last_commit = time.monotonic()
-                self._write(changes)
-            self._release([c for c in batch if isinstance(c, _Barrier)])
-            if time.monotonic() >= next_compaction:
-                self._compact()
-                next_compaction = time.monotonic() + self._compact_interval_s
 
-    def _write(self, changes: list[object]) -> None:
-        try:
-            self._process.write(_batch(changes))
-            if self._failing:
-                log.warning("the journal %s is written again", self._path)
-                self._failing = False
-        except Exception:
-            if not self._failing:  # once per outage, not once per batch
-                log.exception(
-                    "cannot write the journal %s: %d changes are kept in memory only (a crash now loses them)",
-                    self._path,
-                    len(changes),
-                )
-                self._failing = True
-        self._written += len(changes)
+async def _call(fn: Callable[..., object], *args: object) -> None:
+    fn(*args)
 
-    def _release(self, barriers: list[_Barrier]) -> None:
-        """Wake the waiters of `durable()`: one hop per event loop, however many wait on it."""
-        if barriers:
-            with self._count_lock:
-                self._waiting -= len(barriers)
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = defaultdict(list)
-        for barrier in barriers:
-            by_loop[barrier.loop].append(barrier.future)
-        for loop, futures in by_loop.items():
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _resolve(waiters: list[_Waiter]) -> None:
+    """Wake `waiters`: one hop per event loop other than the running one, however many wait on it."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = collections.defaultdict(list)
+    for _, _, loop, future in waiters:
+        by_loop[loop].append(future)
+    running = _running_loop()
+    for loop, futures in by_loop.items():
+        if loop is running:
+            _resolve_all(futures)
+        else:
             try_call_in_loop(loop, _resolve_all, futures)  # False: that loop is closed, nobody waits any more
-
-    def _compact(self) -> None:
-        try:
-            deleted = self._process.compact(self._retention_s)
-        except Exception:
-            log.exception("compacting the journal %s failed; trying again later", self._path)
-            return
-        if deleted:
-            log.info("journal: %d results past retention deleted", deleted)
-
-
-def _batch(changes: list[object]) -> Batch:
-    """The rows to write for `changes`. A job admitted and finished within the batch gets no in-flight row
-    (it would be written and deleted in one transaction)."""
-    batch = Batch()
-    admitted: dict[str, _Admitted] = {}
-    now = time.time()
-    for change in changes:
-        if isinstance(change, _Admitted):
-            admitted[change.job_id] = change
-        elif isinstance(change, _Stored):
-            result = change.result
-            if admitted.pop(result.job_id, None) is None:
-                batch.jobs_done.append(result.job_id)
-            batch.results_added.append((change.seq, result.job_id, change.digest, result.model_dump_json(), now))
-        elif isinstance(change, _Removed):
-            batch.results_removed.extend(change.seqs)
-    batch.jobs_added = [(a.job_id, a.digest, a.request.model_dump_json(), now) for a in admitted.values()]
-    return batch
 
 
 def _resolve_all(futures: list[asyncio.Future[None]]) -> None:
