@@ -9,6 +9,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -386,7 +387,10 @@ def test_a_killed_writer_process_releases_every_waiter_and_is_logged_once(writer
         os.kill(process.pid, signal.SIGKILL)
         await asyncio.wait_for(waiter, 10)
         journal.removed([1])
+        journal.stored(2, job("c", "x" * (12 << 20))[1], "d")  # more than the socket takes: nothing to send to
         await asyncio.wait_for(journal.durable(), 1)
+        await asyncio.sleep(0.2)
+        assert not process._sender.is_alive(), "the sender thread ends with the process (no spinning)"
 
     with caplog.at_level("ERROR", logger="prorl_server.journal.writer"):
         asyncio.run(scenario())
@@ -417,3 +421,48 @@ def test_a_job_that_ends_within_the_interval_gets_no_in_flight_row(writer_on):
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT job_id FROM jobs").fetchall() == [("b",)]
         assert db.execute("SELECT job_id FROM results").fetchall() == [("a",)]
+
+
+class SlowLog:
+    """A result log (test double for the journal) that takes 0.5 s to log each stored result and records
+    when it was done."""
+
+    def __init__(self) -> None:
+        self.logged: dict[str, float] = {}
+
+    def stored(self, seq: int, result: JobResult, request_digest: str) -> None:
+        time.sleep(0.5)
+        self.logged[result.job_id] = time.monotonic()
+
+    def removed(self, seqs: list[int]) -> None:
+        pass
+
+
+def test_no_answer_shows_a_result_before_it_is_logged(start_server, backend):
+    """A job's result reaches its `/process` caller and `GET /jobs/{id}` only once the result store has handed
+    it to its log (the journal): an answer that waited for the journal then covers it. While the log is
+    busy with it, the job still looks unfinished."""
+    server = start_server([backend.address], handlers={"payload": PayloadHandler()})
+    log = SlowLog()
+    server.state.orchestrator.results.log = log
+    seen: list[dict] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.url, headers=server.http.headers, timeout=60) as http:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and "p" not in log.logged:
+                response = http.get("/jobs/p")
+                if response.status_code == 200:
+                    seen.append({**response.json(), "at": time.monotonic()})
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    response = server.http.post("/process", json={"instance": {"data_source": "payload"}, "job_id": "p"})
+    answered = time.monotonic()
+    poller.join()
+    assert response.json()["status"] == "completed"
+    assert answered >= log.logged["p"]
+    early = [s for s in seen if s["at"] < log.logged["p"] - 0.05]
+    assert early, "polled while the log was busy"
+    assert all(s["result"] is None and s["status"] not in ("completed", "failed") for s in early), early

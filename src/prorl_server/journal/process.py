@@ -152,7 +152,6 @@ class WriterProcess:
             sent = 0
         except OSError as exc:
             self._mark_gone(exc)
-            self._out.clear()
             return
         del self._out[:sent]
         self._blocked = bool(self._out)
@@ -163,12 +162,21 @@ class WriterProcess:
         everything."""
         with self._lock:
             while True:
-                while not self._closing and not self._blocked and not (self._flush_armed and self._loop is None):
+                while (
+                    not self._closing
+                    and not self._blocked
+                    and self._gone is None
+                    and not (self._flush_armed and self._loop is None)
+                ):
                     self._out_ready.wait()
-                if self._closing and not self._out:
+                if (self._closing and not self._out) or self._gone is not None:
                     return
                 if self._blocked:
-                    self._without_lock(select.select, [], [self.socket], [], 1.0)
+                    try:
+                        self._without_lock(select.select, [], [self.socket], [], 1.0)
+                    except (OSError, ValueError) as exc:  # the socket was closed: close() gave up waiting
+                        self._mark_gone(exc)
+                        return
                 elif not self._closing:
                     self._out_ready.wait(self._send_interval_s)  # close() ends it early
                     self._flush_armed = False
@@ -183,15 +191,20 @@ class WriterProcess:
             self._lock.acquire()
 
     def _mark_gone(self, exc: BaseException) -> None:
-        if self._gone is None:
-            self._gone = f"the journal's writer process (pid {self.pid}) is gone: {exc!r}"
+        self._stop_sending(f"the journal's writer process (pid {self.pid}) is gone: {exc!r}")
 
     def mark_gone(self, why: str) -> None:
         """Stop sending: the process has ended (the server saw its end of the socket close)."""
         with self._lock:
-            if self._gone is None:
-                self._gone = why
-            self._out.clear()
+            self._stop_sending(why)
+
+    def _stop_sending(self, why: str) -> None:
+        """Drop what is queued and send nothing more (the lock held)."""
+        if self._gone is None:
+            self._gone = why
+        self._out.clear()
+        self._blocked = False
+        self._out_ready.notify()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Send the backlog, close the socket (the process commits what it read, then ends) and wait for it;
@@ -200,7 +213,12 @@ class WriterProcess:
             self._closing = True
             self._out_ready.notify()
         self._sender.join(timeout_s)
+        if self._sender.is_alive():
+            log.error("the journal's writer process (pid %d) read nothing for %.0f s; closing it", self.pid, timeout_s)
+            with self._lock:
+                self._stop_sending(f"the journal's writer process (pid {self.pid}) stopped reading")
         self.socket.close()
+        os.eventfd_write(self._wake_fd, 1)  # a batch in hand waits for nothing more: commit it, then see the end
         try:
             self._proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -60,6 +60,8 @@ class Job:
         self.status = JobStatus.QUEUED
         self.next_stage = first_stage
         self.result: JobResult | None = None
+        self._status_before_end = JobStatus.QUEUED  # what `visible` shows between `finish` and `publish`
+        self._published = False  # the result is stored (`publish`)
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[JobResult]]] = []
         self._task: asyncio.Task[Any] | None = None
@@ -128,16 +130,34 @@ class Job:
             return held
 
     def finish(self, result: JobResult) -> bool:
-        """-> terminal: set the result if none is set yet; wake waiters. Returns whether this call won."""
+        """-> terminal: set the result if none is set yet. Returns whether this call won; the winner stores
+        the result, then calls `publish`. Until then the job looks unfinished from outside (`visible`,
+        `wait`): whatever a client learns of the result comes after it is stored (and journaled)."""
         with self._lock:
             if self.result is not None:
                 return False
+            self._status_before_end = self.status
             self.status = result.status
             self.result = result
+            return True
+
+    def publish(self) -> None:
+        """The result is stored: wake the waiters."""
+        with self._lock:
+            self._published = True
             waiters, self._waiters = self._waiters, []
+        assert self.result is not None
         for loop, future in waiters:
-            call_in_loop(loop, _resolve, future, result)
-        return True
+            call_in_loop(loop, _resolve, future, self.result)
+
+    def visible(self) -> tuple[JobStatus, JobResult | None]:
+        """(status, result) as a client may see them: the status before the end until the result is stored."""
+        with self._lock:
+            if self._published:
+                return self.status, self.result
+            if self.result is not None:
+                return self._status_before_end, None
+            return self.status, None
 
     def claim_final_release(self) -> bool:
         """True for the first caller only: it releases the ended job's resources, later callers skip."""
@@ -157,7 +177,8 @@ class Job:
         """Wait (on any event loop) until the job is terminal and return its result."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self.result is not None:
+            if self._published:
+                assert self.result is not None
                 return self.result
             future: asyncio.Future[JobResult] = loop.create_future()
             self._waiters.append((loop, future))

@@ -294,7 +294,7 @@ class Orchestrator:
         with self._lock:
             job = self._live.get(job_id)
         if job is not None:
-            return job.status, job.result
+            return job.visible()
         stored = self.results.get(job_id)
         return (stored.status, stored) if stored is not None else None
 
@@ -720,14 +720,18 @@ class Orchestrator:
         return outcome, None
 
     def _store(self, job: Job) -> None:
+        """Store the result of a job that just finished, then let its waiters see it."""
         assert job.result is not None
-        job.ctx.llm.finish()  # a stage that ignored cancellation can no longer pin a backend
-        if job.drop_ready_permit():
-            self._ready_gate.release()
-        self.results.put(job.result, job.request_digest)
-        with self._lock:
-            if self._live.get(job.id) is job:
-                del self._live[job.id]
+        try:
+            job.ctx.llm.finish()  # a stage that ignored cancellation can no longer pin a backend
+            if job.drop_ready_permit():
+                self._ready_gate.release()
+            self.results.put(job.result, job.request_digest)
+            with self._lock:
+                if self._live.get(job.id) is job:
+                    del self._live[job.id]
+        finally:
+            job.publish()
 
     def _result(
         self,
