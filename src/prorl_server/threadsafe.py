@@ -19,6 +19,14 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def call_in_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
     """Run `fn(*args)` on `loop` soon, from any thread; RuntimeError when `loop` is closed."""
     loop.call_soon_threadsafe(fn, *args)

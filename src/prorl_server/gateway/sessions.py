@@ -29,7 +29,7 @@ from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import LLMError
 from prorl_server.scheduling.dispatch import DispatchPolicy
-from prorl_server.threadsafe import call_in_loop
+from prorl_server.threadsafe import call_in_loop, running_loop
 from prorl_server.tool_formats import ToolCallFormat
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,7 @@ class GatewaySession:
         with self._lock:
             self.closed = True
             inflight = list(self._inflight)
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
+        current = running_loop()
         here = []
         for task in inflight:
             loop = task.get_loop()

@@ -26,7 +26,7 @@ from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.threadsafe import run_in_loop
+from prorl_server.threadsafe import run_in_loop, running_loop
 
 if TYPE_CHECKING:
     from prorl_server.sandbox.snapshot import Snapshot
@@ -314,11 +314,7 @@ class JobContext:
         `ctx.llm.generate()` on the stage's event loop and return its result."""
         if self._loop is None:
             raise RuntimeError("JobContext.wait() is only available while a stage runs")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
+        if running_loop() is self._loop:
             coro.close()
             raise RuntimeError("JobContext.wait() is for synchronous methods; in async methods use await")
         with self._lock:  # so that the end, marked in between, cannot miss it

@@ -7,9 +7,10 @@ milliseconds), inherits the journal's lock, ignores SIGINT and SIGTERM, and ends
 socket or dies: it never outlives the server by more than the batch it is writing. What the kernel holds of
 the socket when the server is killed is still read and committed.
 
-`send` never blocks its caller (an event loop or a stage thread): frames queue in memory, and a thread of
-its own sends what queued up once per commit interval (one system call for many changes), and waits when
-the socket is full; a frame that asks for a commit now is sent by its caller at once.
+`send` never blocks its caller (an event loop or a stage thread): frames queue in memory and the attached
+event loop sends what queued up once per commit interval (one system call for many changes); a frame that
+asks for a commit now is sent by its caller at once. A thread of its own sends only while the socket is
+full, or before a loop is attached.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from prorl_server.journal import commit_loop
-from prorl_server.threadsafe import try_call_in_loop
+from prorl_server.threadsafe import running_loop, try_call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ class WriterGone(RuntimeError):
 
 
 class WriterProcess:
-    """Parent-side handle of the writer process: `send` frames to it, `wake` it for a commit now, read its
-    count of committed frames on `committed_fd`."""
+    """Parent-side handle of the writer process: `send` frames to it (`now=True` also asks for a commit now),
+    read its count of committed frames on `committed_fd`."""
 
     def __init__(
         self,
@@ -127,7 +127,7 @@ class WriterProcess:
         """Send what is queued one interval from now (the lock held)."""
         self._flush_armed = True
         loop = self._loop
-        if loop is not None and _running_loop() is loop:
+        if loop is not None and running_loop() is loop:
             loop.call_later(self._send_interval_s, self._flush)
         elif loop is None or not try_call_in_loop(loop, loop.call_later, self._send_interval_s, self._flush):
             self._loop = None  # closed: the sender thread takes over
@@ -172,23 +172,19 @@ class WriterProcess:
                 if (self._closing and not self._out) or self._gone is not None:
                     return
                 if self._blocked:
+                    self._lock.release()  # wait until the socket is writable
                     try:
-                        self._without_lock(select.select, [], [self.socket], [], 1.0)
+                        select.select([], [self.socket], [], 1.0)
                     except (OSError, ValueError) as exc:  # the socket was closed: close() gave up waiting
+                        self._lock.acquire()
                         self._mark_gone(exc)
                         return
+                    self._lock.acquire()
                 elif not self._closing:
                     self._out_ready.wait(self._send_interval_s)  # close() ends it early
                     self._flush_armed = False
                 if self._out:
                     self._send_locked()
-
-    def _without_lock(self, wait: Callable[..., object], *args: object) -> None:
-        self._lock.release()
-        try:
-            wait(*args)
-        finally:
-            self._lock.acquire()
 
     def _mark_gone(self, exc: BaseException) -> None:
         self._stop_sending(f"the journal's writer process (pid {self.pid}) is gone: {exc!r}")
@@ -228,10 +224,3 @@ class WriterProcess:
             self._proc.wait(5)
         os.close(self.committed_fd)
         os.close(self._wake_fd)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

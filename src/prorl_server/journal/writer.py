@@ -28,7 +28,7 @@ from pathlib import Path
 from prorl_server.journal.commit_loop import ADMIT, FLUSH, REMOVE, STORE, encode_frame
 from prorl_server.journal.process import WriterGone, WriterProcess
 from prorl_server.protocol import JobResult, ProcessRequest
-from prorl_server.threadsafe import run_in_loop, try_call_in_loop
+from prorl_server.threadsafe import run_in_loop, running_loop, try_call_in_loop
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class JournalWriter:
             self._closed = True
             home, self._home = self._home, None
         if home is not None and not home.is_closed():  # before their file descriptors close
-            if _running_loop() is home:
+            if running_loop() is home:
                 self._remove_readers(home)
             else:
                 with contextlib.suppress(RuntimeError, TimeoutError):
@@ -196,19 +196,12 @@ async def _call(fn: Callable[..., object], *args: object) -> None:
     fn(*args)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 def _resolve(waiters: list[_Waiter]) -> None:
     """Wake `waiters`: one hop per event loop other than the running one, however many wait on it."""
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = collections.defaultdict(list)
     for _, _, loop, future in waiters:
         by_loop[loop].append(future)
-    running = _running_loop()
+    running = running_loop()
     for loop, futures in by_loop.items():
         if loop is running:
             _resolve_all(futures)
