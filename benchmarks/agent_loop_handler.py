@@ -1,7 +1,7 @@
 """The handler bench_agent_loop.py loads into prorl-server: the built-in AgentLoop, one tool call per turn.
 
 The simulator writes random letters, never a tool call, so the loop runs with a tool-call format of this
-benchmark's (`bench_every_turn`, registered in `tool_formats.FORMATS` when this module is imported):
+benchmark's (`bench_every_turn`, registered in `tool_call_formats.FORMATS` when this module is imported):
 it parses the turn as Hermes does (the same scan of the text, which finds nothing) and then reads it as one
 call of the `work` tool, so that every turn takes the loop's tool path (argument check, tool run,
 observation appended as a `tool` message). `work` sleeps the trajectory's tool time of the turn
@@ -21,7 +21,7 @@ from typing import Any
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, Tool, ToolCall
-from prorl_server.tool_formats import FORMATS, HERMES, Parsed, ToolCallFormat, ToolSchemas
+from prorl_server.tool_call_formats import FORMATS, HERMES, Parsed, ToolCallFormat, ToolSchemas
 
 FORMAT_NAME = "bench_every_turn"
 INSTRUCTIONS = "You are a coding agent. Use the work tool to make progress on the task, one step per turn."

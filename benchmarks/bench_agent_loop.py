@@ -249,7 +249,7 @@ def run_baseline_arm(sim: str, plans: list[dict[str, Any]], args: argparse.Names
     from agent_loop_handler import FORMAT_NAME, LOOP
 
     from prorl_server.agent import tools_prompt
-    from prorl_server.tool_formats import FORMATS
+    from prorl_server.tool_call_formats import FORMATS
 
     system = {"role": "system", "content": tools_prompt(LOOP.instructions, LOOP.tools, FORMATS[FORMAT_NAME])}
     base = [{"role": "user", "content": "A"}, {"role": "assistant", "content": "A"}]

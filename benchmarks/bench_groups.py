@@ -461,7 +461,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.getLogger("prorl_server.pipeline.orchestrator").setLevel(logging.ERROR)  # each injected failure
+    logging.getLogger("prorl_server.pipeline.outcome").setLevel(logging.ERROR)  # each injected failure
     started = time.monotonic()
     report = report_header(args)
     arms: dict[str, dict[str, Any]] = {}

@@ -52,7 +52,7 @@ from prometheus_client import generate_latest
 from prorl_server.api import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.protocol import JobResult, JobStatus, StageTiming, Trajectory, TurnRecord
-from prorl_server.tools.responses import RESPONSES
+from prorl_server.tool_server.responses import RESPONSES
 
 
 def sample_result(job_id: str) -> JobResult:

@@ -19,7 +19,7 @@ Part 1 - start-to-ready
     p50.
 Part 2 - where a bubblewrap start goes (medians of `--starts` runs each)
     `bwrap <the runtime's options> true` (namespaces and mounts), `python -I -S -c pass` (the interpreter),
-    the execution server's imports (`import prorl_server.tools.__main__` minus the bare interpreter), and
+    the execution server's imports (`import prorl_server.tool_server.__main__` minus the bare interpreter), and
     one cgroup v1 join after 100 ms of quiet (the RCU grace period that prewarming hides).
 Part 3 - many at once
     For each runtime, `--concurrent` sandboxes started together (asyncio.gather); wall time until all
@@ -171,7 +171,7 @@ def part_breakdown(owner: str, runs: int) -> dict[str, float]:
     bwrap = median_ms([runtime._bwrap, *runtime.bwrap_args(SandboxSpec()), "--", "true"], runs)
     python = [sys.executable, "-I", "-S", "-c"]
     bare = median_ms([*python, "pass"], runs)
-    imports = f"import sys; sys.path[:0] = {host_python_path()!r}; import prorl_server.tools.__main__"
+    imports = f"import sys; sys.path[:0] = {host_python_path()!r}; import prorl_server.tool_server.__main__"
     server = median_ms([*python, imports], runs)
     join = float("nan")
     pids = [h for h in runtime.cgroups if "pids" in h.controllers and h.version == 1]

@@ -5,7 +5,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/bench_tools.py [--json out.json]
 
 About a minute on a 2-core machine with the defaults. Everything runs on this machine, no sandbox: the
-execution server (`python -m prorl_server.tools`) is a subprocess on a Unix socket in a private temporary
+execution server (`python -m prorl_server.tool_server`) is a subprocess on a Unix socket in a private temporary
 directory and is driven through the real host client (`ToolClient`, asyncio). Other work on the machine
 skews the figures: the 1-minute load average at start is printed and kept.
 
@@ -82,8 +82,8 @@ from typing import Any
 
 from _report import check, finish, percentile_ms, positive_int, print_checks
 
-from prorl_server.tools.client import ToolClient
-from prorl_server.tools.protocol import SOCKET_NAME
+from prorl_server.tool_server.client import ToolClient
+from prorl_server.tool_server.protocol import SOCKET_NAME
 
 TARGET_TRUE_P50_MS = 2.0
 TARGET_SPEEDUP_VS_TMUX = 20.0
@@ -115,7 +115,7 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 
 class ExecutionServer:
-    """`python -m prorl_server.tools` on a socket in a private directory, stopped by close()."""
+    """`python -m prorl_server.tool_server` on a socket in a private directory, stopped by close()."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.base = Path(tempfile.mkdtemp(prefix="bench-tools-"))
@@ -123,7 +123,15 @@ class ExecutionServer:
         env = {**(env or os.environ), "TMPDIR": str(self.base)}  # its private files go away with `base`
         self.started = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "prorl_server.tools", "--socket", self.socket_path, "--workdir", str(self.base)],
+            [
+                sys.executable,
+                "-m",
+                "prorl_server.tool_server",
+                "--socket",
+                self.socket_path,
+                "--workdir",
+                str(self.base),
+            ],
             stdout=subprocess.DEVNULL,
             env=env,
         )
@@ -197,7 +205,7 @@ class PtyShell:
     def __init__(self, workdir: str) -> None:
         from ptyprocess import PtyProcess
 
-        from prorl_server.tools.bash import DIMENSIONS, SHELL_ARGV, SHELL_ENV, SHELL_INIT, default_signals
+        from prorl_server.tool_server.bash import DIMENSIONS, SHELL_ARGV, SHELL_ENV, SHELL_INIT, default_signals
 
         env = dict(os.environ, **SHELL_ENV)
         self.proc = PtyProcess.spawn(

@@ -33,4 +33,28 @@ case ",$extras," in
     "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
     ;;
 esac
+# llama.cpp (the dev engine) builds for the CPU it is built on by default, with every instruction set the CPU
+# advertises; a VM that advertises AMX but does not let processes use it then kills the engine with SIGILL at
+# its first request. So it is built for the instruction sets listed below, never AMX (unless CMAKE_ARGS is set).
+llama_flags() {
+  local flags="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then flags+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"; fi
+  if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then flags+=" -DGGML_AVX512=ON"; fi
+  echo "$flags"
+}
+if [ "$(uname -m)" = x86_64 ] && [ -z "${CMAKE_ARGS:-}" ]; then
+  CMAKE_ARGS="$(llama_flags)"
+  export CMAKE_ARGS
+fi
 "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$target" -e "$root/handlers"
+# A llama-cpp-python built natively before (pip's wheel cache keeps it) may use AMX: build it again as above.
+if [ "$(uname -m)" = x86_64 ] && "$root/.venv/bin/python" -c "
+import sys, llama_cpp
+sys.exit(0 if b'AMX_INT8 = 1' in llama_cpp.llama_print_system_info() else 1)" 2>/dev/null; then
+  version=$("$root/.venv/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)")
+  echo "    (llama-cpp-python $version was built with AMX, which this machine may not run: building it again"
+  echo "     without it, about 5 minutes on 2 cores)"
+  "$root/.venv/bin/python" -m pip cache remove llama_cpp_python >/dev/null 2>&1 || true
+  "$root/.venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+      "llama-cpp-python==$version"
+fi

@@ -35,5 +35,5 @@ if [ "$engine" = dev ]; then
 else
   bash "$root/scripts/bootstrap.sh"
 fi
-bash "$root/scripts/system-deps.sh"
+bash "$root/scripts/system-deps.sh" bubblewrap   # the sandboxes; not the tests' tmux and chromium
 exec "$root/.venv/bin/python" "$root/examples/quickstart.py" --engine "$engine" ${args[@]+"${args[@]}"}

@@ -26,9 +26,10 @@ case "$podman_status" in
   3) echo "==> the podman tests will be skipped (said above)" ;;
   *) exit "$podman_status" ;;
 esac
-# Slurm (Debian's slurm-wlm + munge) for the deployment tests on a single-node cluster (tests/test_slurm.py,
-# which starts and stops it with scripts/setup-slurm.sh); about 10 s the first time. As root it must work,
-# so a missing Slurm fails those tests instead of skipping them.
+# Slurm (Debian's slurm-wlm + munge, and iproute2 where `ip` is missing) for the deployment tests on a
+# single-node cluster (tests/launch/test_slurm.py) and a 3-node one in network namespaces (tests/launch/test_slurm_multinode.py),
+# which start and stop them with scripts/setup-slurm.sh; about 10 s the first time. As root it must work, so a
+# missing Slurm fails those tests instead of skipping them.
 if [ "$(id -u)" -eq 0 ]; then
   bash "$root/scripts/setup-slurm.sh" install
   export PRORL_REQUIRE_SLURM=1
@@ -42,9 +43,22 @@ case "$vllm_status" in
   3) echo "==> the vLLM tests will be skipped (said above)" ;;
   *) exit "$vllm_status" ;;
 esac
+# The harness presets' programs (Claude Code, Codex, OpenCode from npm; mini-swe-agent, Harbor's Terminus from
+# PyPI), pinned, for tests/harnesses/test_harness_*.py: about 3.5 minutes the first time, nothing after. They must run.
+echo "==> harnesses"
+bash "$root/scripts/setup-harnesses.sh"
+export PRORL_REQUIRE_HARNESSES=1
 cd "$root"
 echo "==> ruff"
 .venv/bin/ruff check src tests benchmarks examples handlers
 .venv/bin/ruff format --check src tests benchmarks examples handlers
-echo "==> pytest"
-exec .venv/bin/python -m pytest "$@"
+# In one process by default. PRORL_TEST_WORKERS=N runs N pytest-xdist workers, tests sharing an exclusive thing
+# (the real vLLM, Podman, the Slurm clusters, the harness programs, image builds) on one worker each (see
+# tests/conftest.py): worth it on a machine with more cores. On 2 cores, 3 workers took as long as one process
+# (56 against 53 minutes) and starved the real vLLM's start past its 300 s.
+workers="${PRORL_TEST_WORKERS:-0}"
+echo "==> pytest ($workers workers)"
+if [ "$workers" = "0" ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from prorl_server.api import ServerState, create_app
@@ -19,13 +18,7 @@ from prorl_server.testing import ScriptedBackend, UvicornThread, create_scripted
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from handlers_for_tests import (
-    MultiTurnChatHandler,
-    NoOpHandler,
-    RaisingHandler,
-    SlowStageHandler,
-    SyncHandler,
-)
+from suite_servers import SUITE_DEFAULT_REPLY, Backend, Server, default_handlers
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,20 +30,6 @@ def session_api_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(API_KEY_FILE_ENV, str(path))
         yield path
-
-
-class Backend:
-    """A running scripted backend: its state object and its /v1 address."""
-
-    def __init__(self, double: ScriptedBackend, server: UvicornThread) -> None:
-        self.double = double
-        self.server = server
-        self.address = f"{server.url}/v1"
-
-
-# What the suite's backends answer when a test queued nothing (most tests do not care what the model says);
-# a test that wants the double's own behaviour, an error for an unscripted completion, passes default_reply=None.
-SUITE_DEFAULT_REPLY = "reply"
 
 
 @pytest.fixture
@@ -81,27 +60,6 @@ def strict(start_backend) -> Backend:
     """A scripted backend without a default reply: every completion must be scripted (an unscripted one is
     an error)."""
     return start_backend(default_reply=None)
-
-
-class Server:
-    """A running prorl-server with a sync HTTP client."""
-
-    def __init__(self, state: ServerState, server: UvicornThread) -> None:
-        self.state = state
-        self.server = server
-        self.url = server.url
-        self.http = httpx.Client(base_url=server.url, timeout=60)
-
-
-def default_handlers() -> dict[str, AgentHandler]:
-    """Fresh test handlers by data_source."""
-    return {
-        "multiturn": MultiTurnChatHandler(),
-        "noop": NoOpHandler(),
-        "sync": SyncHandler(),
-        "raising": RaisingHandler(),
-        "slow": SlowStageHandler(),
-    }
 
 
 @pytest.fixture
@@ -139,7 +97,7 @@ def no_leaked_threads() -> Iterator[None]:
     assert not wait_for_no_new_threads(before), "threads left running"
 
 
-def wait_for_no_new_threads(before: set[int | None], timeout: float = 5.0) -> list[str]:
+def wait_for_no_new_threads(before: set[int | None], timeout: float = 30.0) -> list[str]:
     """Names of prorl/uvicorn threads started since `before` still alive after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -151,3 +109,48 @@ def wait_for_no_new_threads(before: set[int | None], timeout: float = 5.0) -> li
         if not leaked or time.monotonic() > deadline:
             return leaked
         time.sleep(0.05)
+
+
+# Tests that share one exclusive thing run on one xdist worker (`pytest -n N --dist loadgroup`): the real vLLM
+# (a session engine, or one a module starts of its own: two at once would each get half of a small machine's
+# cores), Podman, the Slurm clusters, the harness programs (their tests look for leftovers among all processes) and the
+# image builds (each a CPU-heavy build of the same base).
+VLLM_TEST_TIMEOUT_S = 900
+_GROUP_BY_MODULE_PREFIX = {
+    "test_vllm_": "vllm",
+    "test_training_vllm": "vllm",
+    "test_tool_format_per_backend": "vllm",
+    "test_weights_keep": "vllm",
+    "test_podman": "podman",
+    "test_slurm": "slurm",
+    "test_harness_": "harness",
+    "test_images": "images",
+    "test_instance_images": "images",
+    "test_dockerfile": "images",
+}
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The exclusive group `item` belongs to, if any."""
+    module = item.path.stem
+    for prefix, group in _GROUP_BY_MODULE_PREFIX.items():
+        if module.startswith(prefix):
+            return group
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    if params.get("engine") == "vllm" or "vllm_engine" in item.fixturenames:
+        return "vllm"
+    if "podman" in params.values():  # podman's storage: several processes starting containers at once fail
+        return "podman"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if group == "vllm" and item.get_closest_marker("timeout") is None:
+            # each waits for the shared engine to be idle first; on a loaded 2-core machine one has taken over 300 s
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))

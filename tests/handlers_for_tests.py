@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 
@@ -89,7 +90,8 @@ class RaisingHandler(AgentHandler):
 
 
 class SlowStageHandler(AgentHandler):
-    """Sleeps in each stage as the instance says; records releases; for timeout and cancel tests."""
+    """Sleeps in each stage as the instance says; records releases; for timeout and cancel tests. Its reward
+    is 1, or a coin toss (0 or 1) with `coin_reward`."""
 
     name = "slow"
 
@@ -114,7 +116,7 @@ class SlowStageHandler(AgentHandler):
 
     async def eval(self, ctx: JobContext) -> float:
         await asyncio.sleep(float(ctx.instance.get("eval_s", 0.0)))
-        return 1.0
+        return float(random.random() < 0.5) if ctx.instance.get("coin_reward") else 1.0
 
 
 class GatedHandler(AgentHandler):

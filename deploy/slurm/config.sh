@@ -75,6 +75,34 @@ job_gone() {
   fi
 }
 
+# start_node_steps SCRIPT: SCRIPT on each node of the job, each node its own job step (srun in the
+# background; PIDs in $steps, nodes in $step_nodes). Slurm kills every step with a task on a failed node, so
+# one step over all nodes would end on each of them when one is lost; the jobs are submitted with --no-kill,
+# so that Slurm then only takes the lost node out of the job.
+start_node_steps() {
+  local node
+  for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    srun --nodes=1 --ntasks=1 --nodelist="$node" "$1" &
+    steps+=($!) step_nodes+=("$node")
+  done
+}
+
+# node_steps_over WHAT: whether this job's part of the service is over. While the service starts (no
+# endpoints file yet) that is when any node's step has ended (a node that fails to start fails the launch);
+# once it runs, when every node's step has (a lost node costs only its own WHAT). Logs each step that ended.
+node_steps_over() {
+  local i live=0
+  for i in "${!steps[@]}"; do
+    if kill -0 "${steps[$i]}" 2>/dev/null; then
+      live=$(( live + 1 ))
+    elif [ -n "${step_nodes[$i]}" ]; then
+      log "the $1 on ${step_nodes[$i]} exited"
+      step_nodes[$i]=""   # logged once
+    fi
+  done
+  if [ -s "$RUN_DIR/endpoints.json" ]; then [ "$live" -eq 0 ]; else [ "$live" -lt "${#steps[@]}" ]; fi
+}
+
 # reap PID...: wait until each child has exited (a trapped signal interrupts `wait`: wait again)
 reap() {
   local pid

@@ -21,6 +21,10 @@ if [ -e "$RUN_DIR/servers.jobid" ]; then
   echo "launch.sh: $RUN_DIR was used by an earlier launch (servers job $(cat "$RUN_DIR/servers.jobid")); choose another RUN_DIR" >&2
   exit 2
 fi
+if [ -e "$RUN_DIR/endpoints.json" ]; then   # it would pass for this launch's at once, naming servers long gone
+  echo "launch.sh: $RUN_DIR/endpoints.json exists (an earlier launch's); choose another RUN_DIR" >&2
+  exit 2
+fi
 if [[ "$BACKEND_COMMAND" == *'$MODEL'* ]] && [ -z "$MODEL" ]; then
   echo "launch.sh: set MODEL to the model vLLM should serve (or set BACKEND_COMMAND)" >&2
   exit 2

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One node's rollout servers: started by servers.sbatch through `srun`, one task per node.
+# One node's rollout servers: started by servers.sbatch through `srun`, one job step per node.
 # Starts SERVERS_PER_NODE `prorl-server serve` processes, announces each once it answers GET /health,
 # and stays until they exit. On SIGTERM (scancel) each server stops gracefully: live jobs cancelled,
 # sandboxes closed; this script waits for that, because Slurm kills what is left once it returns.
 set -euo pipefail
 source "$DEPLOY_DIR/config.sh"
 
-host=${NODE_ADDRESS:-$(hostname)}
+host=${NODE_ADDRESS:-$(hostname)}   # the address others reach it by
+node=$(hostname)                    # its name in the run directory (unique even when NODE_ADDRESS is not)
 cores=${SLURM_CPUS_ON_NODE:-$(nproc)}
 share=$(( cores / SERVERS_PER_NODE > 0 ? cores / SERVERS_PER_NODE : 1 ))   # cores per server
 mkdir -p "$RUN_DIR/logs"
@@ -28,10 +29,10 @@ for i in $(seq 0 $(( SERVERS_PER_NODE - 1 ))); do
       --eval-workers "${EVAL_WORKERS:-$share}" --runtime "$SANDBOX_RUNTIME" \
       --sandbox-dir "${SANDBOX_DIR:-${TMPDIR:-/tmp}}" \
       ${SANDBOX_IMAGE:+--image "$SANDBOX_IMAGE"} "${cpus_flag[@]}" $key_flag $SERVER_ARGS \
-      >"$RUN_DIR/logs/server-$host-$i.log" 2>&1 &
+      >"$RUN_DIR/logs/server-$node-$i.log" 2>&1 &
   servers+=($!)
   log "server $i: pid $! on port $port, $share cores"
-  "$PRORL_SERVER" slurm announce --run-dir "$RUN_DIR" --role server --name "$host-$i" \
+  "$PRORL_SERVER" slurm announce --run-dir "$RUN_DIR" --role server --name "$node-$i" \
       --address "http://$host:$port" --health "http://$host:$port/health" --pid "$!" --timeout "$READY_TIMEOUT" &
   announcers+=($!)
 done

@@ -1,7 +1,7 @@
 """prorl-server: rollout-as-a-service for reinforcement learning of multi-turn LLM agents.
 
 The public names are loaded on first use (PEP 562), so importing a light subpackage such as
-`prorl_server.tools` (the in-sandbox execution server, standard library only) does not pull in pydantic,
+`prorl_server.tool_server` (the in-sandbox execution server, standard library only) does not pull in pydantic,
 httpx or the handler machinery.
 """
 
@@ -13,6 +13,7 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs mill
 if TYPE_CHECKING:
     from typing import Any
 
+    from prorl_server.errors import ProrlError
     from prorl_server.handlers import AgentHandler, JobContext, JobFinished
     from prorl_server.protocol import ErrorInfo, JobResult, JobStatus, ProcessRequest, Trajectory
 
@@ -24,6 +25,7 @@ _EXPORTS = {
     "JobResult": "prorl_server.protocol",
     "JobStatus": "prorl_server.protocol",
     "ProcessRequest": "prorl_server.protocol",
+    "ProrlError": "prorl_server.errors",
     "Trajectory": "prorl_server.protocol",
 }
 
@@ -35,6 +37,7 @@ __all__ = [
     "JobResult",
     "JobStatus",
     "ProcessRequest",
+    "ProrlError",
     "Trajectory",
     "__version__",
 ]

@@ -23,6 +23,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from prorl_server.errors import ProrlError
 from prorl_server.protocol.server import API_KEY_ENV
 
 API_KEY_FILE_ENV = "PRORL_API_KEY_FILE"
@@ -36,7 +37,7 @@ _ALTERNATIVES = (
 )
 
 
-class ApiKeyFileError(RuntimeError):
+class ApiKeyFileError(ProrlError, RuntimeError):
     """The key file cannot be used; the message names it, says why and what to do."""
 
 

@@ -30,12 +30,13 @@ from typing import Any
 
 import httpx
 
+from prorl_server.errors import LaunchError
 from prorl_server.scheduling.profile_file import FORMAT, ProfileFile
 
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
-class ProfilingError(RuntimeError):
+class ProfilingError(LaunchError, RuntimeError):
     """The backend could not be measured (unreachable, refused, or answered other than asked)."""
 
 

@@ -34,7 +34,7 @@ JournalSync = Literal["normal", "full"]
 """SQLite `synchronous` modes of the results journal (journal/database.py says what each survives)."""
 
 ToolCallFormatName = Literal["auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "gpt_oss"]
-"""Tool-call formats by name (tool_formats/; `auto`: detected per backend from its chat template)."""
+"""Tool-call formats by name (tool_call_formats/; `auto`: detected per backend from its chat template)."""
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 """Log levels of `serve` (of its logging and of uvicorn)."""
@@ -358,7 +358,12 @@ class ServerSettings(BaseModel):
         description="Seconds a gateway session may go without a call before it is closed (its recording dropped).",
     )
     gateway_max_segments: int = Field(
-        default=256, ge=1, description="Segments (history rewrites + 1) one gateway session may record, at most."
+        default=256, ge=1, description="Segments (of all its chains) one gateway session may record, at most."
+    )
+    gateway_max_chains: int = Field(
+        default=64,
+        ge=1,
+        description="Chains (a main agent, its sub-agents, side calls) one gateway session may record, at most.",
     )
     gateway_max_messages: int = Field(
         default=4096, ge=1, description="Messages one gateway chat completion may carry, at most."

@@ -71,6 +71,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "gateway_max_sessions",
         "gateway_idle_timeout_s",
         "gateway_max_segments",
+        "gateway_max_chains",
         "gateway_max_messages",
         "gateway_max_body_bytes",
     ),

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SUITE_DEFAULT_REPLY
 from fault_handlers import FAULTS, METHODS, AsyncFaultHandler, SyncFaultHandler
+from suite_servers import SUITE_DEFAULT_REPLY
 
 from prorl_server.api import ServerState, create_app
 from prorl_server.config import ServerSettings

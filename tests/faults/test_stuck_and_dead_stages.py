@@ -16,7 +16,7 @@ from fault_handlers import AsyncFaultHandler, LoopKillerHandler, ServiceHolderHa
 
 from prorl_server import AgentHandler, JobContext
 from prorl_server.client import RolloutClient
-from prorl_server.pipeline import orchestrator as orchestrator_module
+from prorl_server.observability import health as health_module
 from prorl_server.protocol import HealthResponse
 
 GRACE_S = 0.5
@@ -181,7 +181,7 @@ def test_a_dead_stage_loop_leaves_no_service_slot_held_or_waiting(start_server, 
 
 
 def test_health_is_degraded_while_a_loop_is_blocked_and_jobs_are_overdue(server, monkeypatch):
-    monkeypatch.setattr(orchestrator_module, "STALL_S", 1.0)
+    monkeypatch.setattr(health_module, "STALL_S", 1.0)
     body = {"instance": {"data_source": "loop_blocker", "block_s": 4.5}, "timeout": 0.5}
     poster = threading.Thread(target=server.http.post, args=("/process",), kwargs={"json": body})
     poster.start()

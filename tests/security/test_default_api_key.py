@@ -25,7 +25,7 @@ from prorl_server.auth_key import (
     read_api_key,
 )
 from prorl_server.client import SyncRolloutClient
-from prorl_server.launch import LocalStack
+from prorl_server.launch import LocalStack, run_with_stack
 from prorl_server.protocol.server import API_KEY_ENV
 from prorl_server.testing.uvicorn_thread import free_port
 
@@ -208,6 +208,47 @@ def test_local_stack_children_and_their_clients_share_the_default_key(tmp_path, 
         with SyncRolloutClient(server, trust_env=False) as client:
             assert client.status().running
     assert auth_headers() == bearer(read_api_key(home / ".config" / "prorl-server" / "api_key"))
+
+
+def test_local_stack_given_a_key_serves_with_it_and_makes_no_key_file(tmp_path, home, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "the-key-of-this-process")  # the stack's key wins over the inherited one
+    with LocalStack(tmp_path, api_key="the-stacks-own-key") as stack:
+        server = stack.server("--no-entry-points", "--runtime", "local", "--log-level", "warning")
+        assert stack.api_key == "the-stacks-own-key"
+        assert stack.auth_headers() == bearer("the-stacks-own-key")
+        assert httpx.get(f"{server}/status", trust_env=False).status_code == 401
+        assert httpx.get(f"{server}/status", headers=auth_headers(), trust_env=False).status_code == 401
+        assert httpx.get(f"{server}/status", headers=stack.auth_headers(), trust_env=False).status_code == 200
+        with SyncRolloutClient(server, api_key=stack.api_key, trust_env=False) as client:
+            assert client.status().running
+    assert not (home / ".config" / "prorl-server" / "api_key").exists()
+
+
+def test_local_stack_without_a_key_serves_open_even_when_this_process_has_one(tmp_path, home, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "the-key-of-this-process")  # serve refuses --no-api-key with a key: taken out
+    with LocalStack(tmp_path, no_api_key=True) as stack:
+        server = stack.server("--no-entry-points", "--runtime", "local", "--log-level", "warning")
+        assert stack.api_key is None and stack.auth_headers() == {}
+        assert httpx.get(f"{server}/status", trust_env=False).status_code == 200
+        with SyncRolloutClient(server, api_key="", trust_env=False) as client:
+            assert client.status().running
+    assert not (home / ".config" / "prorl-server" / "api_key").exists()
+
+
+def test_run_with_stack_passes_the_key_choice_on(home):
+    def demo(stack: LocalStack) -> int:
+        server = stack.server("--no-entry-points", "--runtime", "local", "--log-level", "warning")
+        assert httpx.get(f"{server}/status", trust_env=False).status_code == 401
+        return 0 if httpx.get(f"{server}/status", headers=bearer("k1"), trust_env=False).status_code == 200 else 1
+
+    assert run_with_stack("prorl-key-test-", demo, api_key="k1") == 0
+
+
+def test_local_stack_takes_a_key_or_none_not_both(tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        LocalStack(tmp_path, api_key="k", no_api_key=True)
+    with pytest.raises(ValueError, match="without spaces"):
+        LocalStack(tmp_path, api_key="a key")
 
 
 # --- the key file ----------------------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from prorl_server.tools.client import ToolClient, ToolError
-from prorl_server.tools.output import truncation_marker
-from prorl_server.tools.responses import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, OUTPUT_ROOM_CHARS
+from prorl_server.tool_server.client import ToolClient, ToolError
+from prorl_server.tool_server.output import truncation_marker
+from prorl_server.tool_server.responses import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, OUTPUT_ROOM_CHARS
 
 Answer = Callable[[dict[str, Any]], Iterable[bytes]]
 MiB = 1 << 20

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prorl_server.actions.model_services import ServiceLauncher
+from prorl_server.errors import ResourceError
 from prorl_server.vllm_cpu.launcher import is_healthy, stop_session, tail
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
 
 
-class ModelProcessError(RuntimeError):
+class ModelProcessError(ResourceError, RuntimeError):
     """The process exited during start-up or did not answer in time; the message ends with its log's last lines."""
 
 

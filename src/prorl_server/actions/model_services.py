@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from prorl_server.actions.quota import SERVICE_NAME
+from prorl_server.errors import ResourceError
 from prorl_server.threadsafe import try_call_in_loop
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,11 @@ class ServiceLauncher(abc.ABC):
         the service counted as stopped."""
 
 
-class ModelServiceRefused(ValueError):
+class ModelServiceRefused(ResourceError, ValueError):
     """The service is unknown, or larger than the whole budget; the message says what to do."""
 
 
-class ModelServiceUnavailable(RuntimeError):
+class ModelServiceUnavailable(ResourceError, RuntimeError):
     """The service failed to start (the message has the launcher's error), or the cache was closed."""
 
 

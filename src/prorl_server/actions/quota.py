@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 
+from prorl_server.errors import ResourceError
 from prorl_server.threadsafe import try_call_in_loop
 
 Clock = Callable[[], float]
@@ -44,7 +45,7 @@ WAIT_SAMPLES = 1024
 """Queue waits (of the last grants) the snapshot's mean and 95th percentile are taken over."""
 
 
-class ServiceDisabled(RuntimeError):
+class ServiceDisabled(ResourceError, RuntimeError):
     """The service is configured with `max_concurrency=0`: it takes no calls."""
 
 

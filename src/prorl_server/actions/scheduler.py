@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from prorl_server.actions.allocation import HORIZON, Duration, Pending, Running, plan
 from prorl_server.actions.elasticity import ElasticityModels
+from prorl_server.errors import ResourceError
 from prorl_server.threadsafe import try_call_in_loop
 
 UNKNOWN_DURATION_S = 1.0
@@ -43,7 +44,7 @@ CORE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
 """Upper bounds of the granted-cores buckets."""
 
 
-class ActionRefused(ValueError):
+class ActionRefused(ResourceError, ValueError):
     """The action asks more than the pool can ever give (or asks nonsense); the message says what."""
 
 

@@ -17,8 +17,7 @@ See docs/handlers.md.
 """
 
 from prorl_server.agent.loop import AgentLoop, AgentResult, tools_prompt
-from prorl_server.agent.tool_calls import MalformedCall, ToolCall, parse_tool_calls
-from prorl_server.agent.tools import (
+from prorl_server.agent.tool_specs import (
     Tool,
     ToolArgumentError,
     ToolResult,
@@ -27,6 +26,7 @@ from prorl_server.agent.tools import (
     ipython_tool,
     submit_tool,
 )
+from prorl_server.tool_call_formats import MalformedCall, ToolCall, parse_tool_calls
 
 __all__ = [
     "AgentLoop",

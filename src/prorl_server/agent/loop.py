@@ -33,9 +33,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prorl_server.agent.tools import Tool, ToolArgumentError, ToolResult
+from prorl_server.agent.tool_specs import Tool, ToolArgumentError, ToolResult
 from prorl_server.handlers.context import JobContext
-from prorl_server.tool_formats import (
+from prorl_server.tool_call_formats import (
     HERMES,
     MalformedCall,
     ToolCall,
@@ -102,7 +102,7 @@ class AgentLoop:
     tool results ("tool": the chat template decides how they look); `reminder_role` the role of the
     loop's own messages ("user"). `no_tool_call_reminder` is what the model reads after a turn without a
     call (`on_no_tool_call="remind"`; by default it shows a call in the job's format). `tool_format` names
-    the tool-call format (`prorl_server.tool_formats.FORMATS`); by default the server's `--tool-call-format`.
+    the tool-call format (`prorl_server.tool_call_formats.FORMATS`); by default the server's `--tool-call-format`.
     """
 
     tools: list[Tool]

@@ -20,10 +20,15 @@ GATEWAY_PATH = re.compile(r"/sessions/[^/]+/v1/(chat/completions|responses|model
 """A gateway session's OpenAI and Anthropic paths: the gateway checks their key itself (the session's own key or
 this one), so a session key opens these paths of its session and nothing else."""
 
+GATEWAY_ROOT = re.compile(r"/sessions/[^/]+(/v1)?")
+"""A gateway session's base URLs: their GET and HEAD (a harness's probe) go on to the gateway, which checks the
+key; DELETE of `/sessions/{id}` is the trainer's, behind this key."""
+
 
 class ApiKeyMiddleware:
     """Require `Authorization: Bearer <key>` on every request but GET of `OPEN_PATHS` (401 otherwise);
-    requests to `GATEWAY_PATH` go on to the gateway, which checks their key.
+    requests to `GATEWAY_PATH`, and GET and HEAD of `GATEWAY_ROOT`, go on to the gateway, which checks their
+    key.
 
     The presented key is compared with `hmac.compare_digest`, in time independent of where it differs.
     """
@@ -42,6 +47,8 @@ class ApiKeyMiddleware:
         if scope["path"] in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
             return True
         if GATEWAY_PATH.fullmatch(scope["path"]):
+            return True
+        if GATEWAY_ROOT.fullmatch(scope["path"]) and scope.get("method") in ("GET", "HEAD"):
             return True
         for name, value in scope["headers"]:
             if name == b"authorization":

@@ -6,12 +6,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prorl_server.errors import ProrlError
 
-class BodyTooLarge(HTTPException):
+
+class BodyTooLarge(HTTPException, ProrlError):
     """Raised by the receive channel once a streamed (chunked) body passes the limit: the app answers 413."""
 
+    http_status = 413
+
     def __init__(self, limit: int) -> None:
-        super().__init__(413, _message(limit))
+        super().__init__(self.http_status, _message(limit))
 
 
 class BodyLimitMiddleware:

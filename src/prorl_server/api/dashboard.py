@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.observability.activity import BUCKET_S, JobSummary, ThroughputPoint
+from prorl_server.observability.health import status_report
 from prorl_server.protocol import StatusResponse
 
 router = APIRouter(tags=["observability"])
@@ -97,7 +98,7 @@ async def data(state: State) -> DashboardData:
             finished[status] = finished.get(status, 0) + int(sample.value)
     return DashboardData(
         generated_at=time.time(),
-        status=state.orchestrator.status(),
+        status=status_report(state.orchestrator),
         backends=backends,
         finished=finished,
         recent_jobs=metrics.activity.recent_jobs(),

@@ -1,4 +1,5 @@
-"""Maps domain errors to HTTP statuses with messages a person can act on."""
+"""Answers the server's own errors with the HTTP status each class carries (`ProrlError.http_status`, see
+prorl_server.errors) and a message a person can act on; anything else is a 500."""
 
 from __future__ import annotations
 
@@ -9,40 +10,44 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from prorl_server.handlers import HandlerLoadError, UnknownDataSource
-from prorl_server.pipeline import DuplicateJob, InvalidInstance, NotAccepting
+from prorl_server.errors import ProrlError
 from prorl_server.request_body import MAX_ERRORS
 
 log = logging.getLogger(__name__)
-
-_STATUS: dict[type[Exception], int] = {
-    UnknownDataSource: 400,
-    InvalidInstance: 400,
-    DuplicateJob: 409,
-    NotAccepting: 503,
-    HandlerLoadError: 503,
-}
 
 MAX_ECHO_CHARS = 100
 """Characters of an offending string echoed back (as `input`), and of each `loc` part."""
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Register one handler per mapped exception type, and a last-resort one that logs."""
-    for exc_type, status in _STATUS.items():
-        app.add_exception_handler(exc_type, _mapped(status))
+    """Register the answer of the server's own errors that carry a status, and a last-resort one that logs."""
+    for exc_type in _with_status(ProrlError):
+        app.add_exception_handler(exc_type, _own_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)
 
 
-def _mapped(status: int):
-    async def handler(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=status)
+def _with_status(root: type[ProrlError]) -> list[type[ProrlError]]:
+    """The subclasses of `root` (loaded by now: the routes import them) that set an `http_status` of their
+    own. Starlette finds an exception's handler by its class's MRO, so a subclass of one of them is answered
+    with its own status too; one with no status on its MRO is left to `_unexpected` (a logged 500), as are
+    HTTPExceptions to Starlette (BodyTooLarge)."""
+    found = []
+    for cls in root.__subclasses__():
+        if cls.__dict__.get("http_status") is not None and not issubclass(cls, HTTPException):
+            found.append(cls)
+        found.extend(_with_status(cls))
+    return found
 
-    return handler
+
+async def _own_error(request: Request, exc: Exception) -> JSONResponse:
+    """A ProrlError answered with its class's `http_status` and its message."""
+    assert isinstance(exc, ProrlError) and exc.http_status is not None
+    return JSONResponse({"detail": str(exc)}, status_code=exc.http_status)
 
 
 async def _client_gone(request: Request, exc: ClientDisconnect) -> JSONResponse:

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
-from prorl_server.pipeline.submission import check_instance
 from prorl_server.protocol import (
     TERMINAL_STATUSES,
     AckRequest,
@@ -40,8 +39,7 @@ async def process(request: Request) -> Response:
     """Run one job and return its result when it is terminal (the result is also kept for `GET /jobs`)."""
     body = await parse_body(request, ProcessRequest)
     state: ServerState = request.app.state.server
-    check_instance(state.orchestrator.registry, body.instance)
-    job = state.orchestrator.submit(body)
+    job = state.orchestrator.admit(body)
     result = await job.wait()
     await state.durable(admissions=False)
     return model_response(result)
@@ -52,8 +50,7 @@ async def submit(request: Request) -> Response:
     """Queue a job and return its id at once."""
     body = await parse_body(request, ProcessRequest)
     state: ServerState = request.app.state.server
-    check_instance(state.orchestrator.registry, body.instance)
-    job = state.orchestrator.submit(body)
+    job = state.orchestrator.admit(body)
     await state.durable()
     return model_response(JobAccepted(job_id=job.id), status_code=202)
 

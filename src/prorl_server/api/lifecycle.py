@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from prorl_server.api.state import ServerState, get_state
+from prorl_server.observability.health import problems as health_problems
+from prorl_server.observability.health import status_report
 from prorl_server.protocol import HandlerInfo, HealthResponse, LifecycleResponse, StatusResponse
 
 router = APIRouter(tags=["server"])
@@ -31,7 +33,7 @@ async def stop(state: State) -> LifecycleResponse:
 @router.get("/status", response_model=StatusResponse)
 async def status(state: State) -> StatusResponse:
     """Queue depths, busy workers per stage, job counts and backend counts."""
-    return state.orchestrator.status()
+    return status_report(state.orchestrator)
 
 
 @router.get(
@@ -43,7 +45,7 @@ async def health(state: State, response: Response) -> HealthResponse:
     """200 `ok` while the server can do its work, running or stopped; 503 `degraded` with the problems while
     it cannot (a stage's loop down or blocked, a stage's workers all taken by stuck handler calls, jobs past
     their budget that have not ended, every LLM backend unhealthy)."""
-    problems = state.orchestrator.problems()
+    problems = health_problems(state.orchestrator)
     if problems:
         response.status_code = 503
     return HealthResponse(

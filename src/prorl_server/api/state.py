@@ -17,7 +17,7 @@ from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineSer
 from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused, parse_model_service
 from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
 from prorl_server.config import ServerSettings
-from prorl_server.gateway.sessions import GatewayLimits, SessionRegistry
+from prorl_server.gateway.sessions import CallObserver, GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
 from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
@@ -41,7 +41,7 @@ from prorl_server.scheduling import make_predictor
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.placement_runtime import SharedPredictor
 from prorl_server.threadsafe import call_in_loop
-from prorl_server.tool_formats import tool_format
+from prorl_server.tool_call_formats import tool_format
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -159,7 +159,7 @@ class ServerState:
         )
         for address in settings.llm_servers:
             backends.add(address)
-        gateway = build_gateway(settings, backends, dispatch)
+        gateway = build_gateway(settings, backends, dispatch, metrics.gateway_call)
         model_services, model_ports = build_model_services(settings)
         journal = open_journal(settings)
         writer = journal.recover() if journal is not None else None
@@ -272,13 +272,16 @@ def build_placement(settings: ServerSettings, dispatch: DispatchPolicy) -> Place
     )
 
 
-def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: DispatchPolicy) -> SessionRegistry:
+def build_gateway(
+    settings: ServerSettings, backends: BackendPool, dispatch: DispatchPolicy, on_call: CallObserver | None = None
+) -> SessionRegistry:
     """The gateway's session registry, bounded by the `--gateway-*` settings; the server's `--api-key` opens
     every session."""
     limits = GatewayLimits(
         max_sessions=settings.gateway_max_sessions,
         idle_timeout_s=settings.gateway_idle_timeout_s,
         max_segments=settings.gateway_max_segments,
+        max_chains=settings.gateway_max_chains,
         max_messages=settings.gateway_max_messages,
         max_body_bytes=settings.gateway_max_body_bytes,
         max_failovers=settings.llm_max_failovers,
@@ -290,6 +293,7 @@ def build_gateway(settings: ServerSettings, backends: BackendPool, dispatch: Dis
         dispatch=dispatch,
         public_url=settings.gateway_public_url(),
         tool_format=None if settings.tool_call_format == "auto" else tool_format(settings.tool_call_format),
+        on_call=on_call,
     )
 
 

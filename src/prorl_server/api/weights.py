@@ -7,7 +7,8 @@ backend that sampled it, and requests carry `cache_salt` naming that version.
 With `reload` in the body, each engine loads the new weights from a checkpoint directory and resets its
 prefix cache (vLLM's development endpoints, `llm/vllm_admin.py`) before the version is set: the sequence
 (reload, set the version, roll back on a failure) is `llm/weight_update.py`'s, whose refusals are 409 and
-502 here.
+502 here. While the same pause lasts, `POST /weights/rollback` undoes the last update (the trainer's client
+does when another server's update failed: `client/weight_sync.py`).
 
 A pause in mode "keep" first freezes every engine (`llm/engine_freeze.py`): the calls in flight stay open
 and go on under the new weights after the resume, which resumes the engines first; each such turn records
@@ -26,10 +27,11 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.llm.engine_freeze import FreezeRefused
-from prorl_server.llm.weight_update import WeightReloadFailed, WeightUpdateConflict
+from prorl_server.llm.weight_update import WeightReloadFailed, WeightRestoreFailed, WeightUpdateConflict
 from prorl_server.protocol import (
     PauseRequest,
     PauseResponse,
+    RollbackResponse,
     SwapRequest,
     SwapResponse,
     UpdateRequest,
@@ -91,6 +93,29 @@ async def update(request: Request, state: State) -> Response:
     with _refusals():
         await update.apply(body, "update the weight version")
     return model_response(UpdateResponse(**_status(state).model_dump(), servers=[b.info() for b in pool.backends()]))
+
+
+@router.post("/weights/rollback", response_model=RollbackResponse)
+async def rollback(state: State) -> Response:
+    """Undo the last `/weights/update` of the current pause (before its resume): every backend that reloaded
+    loads its previous checkpoint back, the backend set and the weight version return to what they were, and
+    the undone version may be used again. The server stays paused (resume next).
+
+    409 when there is nothing to undo: not paused, no update in this pause, or rolled back already. 502 naming
+    the backends that did not load their previous checkpoint back (the version and backends are back anyway)."""
+    with _refusals():
+        state.weight_update.check_rollback()
+    state.pause_lease.renew()
+    with _refusals():
+        undo = await state.weight_update.rollback()
+    return model_response(
+        RollbackResponse(
+            **_status(state).model_dump(),
+            rolled_back_from=undo.version,
+            restored=[r.address for r in undo.reloaded],
+            servers=[b.info() for b in state.backends.backends()],
+        )
+    )
 
 
 @router.post("/weights/resume", response_model=WeightsStatus)
@@ -175,7 +200,7 @@ async def _freeze(state: ServerState) -> None:
     try:
         await state.engine_freeze.freeze([b.address for b in pool.backends()], pool.current_version)
     except FreezeRefused as exc:
-        raise HTTPException(409, str(exc)) from None
+        raise HTTPException(exc.http_status, str(exc)) from None
 
 
 async def _thaw(state: ServerState) -> None:
@@ -186,10 +211,9 @@ async def _thaw(state: ServerState) -> None:
 
 @contextlib.contextmanager
 def _refusals() -> Iterator[None]:
-    """The weight update's refusals as HTTP errors: a conflict is 409, a failed reload 502."""
+    """The weight update's refusals as HTTP errors, each with its class's status: a conflict is 409, a failed
+    reload or restore 502."""
     try:
         yield
-    except WeightUpdateConflict as exc:
-        raise HTTPException(409, str(exc)) from None
-    except WeightReloadFailed as exc:
-        raise HTTPException(502, str(exc)) from None
+    except (WeightUpdateConflict, WeightReloadFailed, WeightRestoreFailed) as exc:
+        raise HTTPException(exc.http_status, str(exc)) from None

@@ -1,13 +1,17 @@
-"""The client's flat method names from before it was grouped by resource, kept as deprecated aliases.
+"""Deprecated names of the client, kept as aliases that warn (DeprecationWarning) and name what replaces them.
 
-One name map serves both clients: `add_deprecated_aliases` gives RolloutClient and SyncRolloutClient each an
-alias per old name, which warns (DeprecationWarning) and calls the resource method that replaced it.
-`client.weights` is now the resource, so the old `client.weights()` is the resource's `__call__`.
+- The flat method names from before the client was grouped by resource: one name map serves both clients,
+  `add_deprecated_aliases` gives RolloutClient and SyncRolloutClient each an alias per old name, which calls
+  the resource method that replaced it. `client.weights` is now the resource, so the old `client.weights()`
+  is the resource's `__call__`.
+- The names that moved out of `prorl_server.client` (`MOVED`: `LocalStack`, `free_port`, `run_with_stack`,
+  now in `prorl_server.launch`): `moved_attribute` is the package's `__getattr__` (PEP 562), for a release.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,6 +45,30 @@ RENAMED: dict[str, str] = {
     "register_backends": "backends.register",
 }
 """Old flat method name -> `resource.method` that replaces it."""
+
+
+MOVED: dict[str, str] = {
+    "LocalStack": "prorl_server.launch",
+    "free_port": "prorl_server.launch",
+    "run_with_stack": "prorl_server.launch",
+}
+"""Public name that left `prorl_server.client` -> the module to import it from now."""
+
+
+def moved_attribute(module: str, name: str) -> Any:
+    """`name` of MOVED from its new module, with a DeprecationWarning naming the new path; AttributeError for any
+    other name. Imported by name (importlib), not by an import statement: the launchers are a layer above the
+    client, which reaches them only through these aliases, and only until they go."""
+    new = MOVED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is deprecated: import it from {new} (`from {new} import {name}`); "
+        f"the alias goes in a later release",
+        DeprecationWarning,
+        stacklevel=3,  # the code that reads the name (through the module's __getattr__)
+    )
+    return getattr(importlib.import_module(new), name)
 
 
 def add_deprecated_aliases(client_class: type, resource_classes: Mapping[str, type]) -> None:

@@ -1,13 +1,18 @@
-"""The one exception the trainer-side client raises for a failed request, with the server's own message."""
+"""The one exception family the trainer-side client raises for a failed request, with the server's own message."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from prorl_server.auth_key import API_KEY_FILE_ENV, DEFAULT_LOCATION
+from prorl_server.errors import TrainerError
 from prorl_server.protocol.server import API_KEY_ENV
+
+if TYPE_CHECKING:
+    from prorl_server.client.connection import Answer
+    from prorl_server.client.weight_sync import ClusterUpdateReport
 
 HINTS: dict[int, str] = {
     400: "the request or instance is invalid",
@@ -25,7 +30,7 @@ HINTS: dict[int, str] = {
 """What an HTTP status from prorl-server usually means, appended to the error message."""
 
 
-class RolloutServerError(RuntimeError):
+class RolloutServerError(TrainerError, RuntimeError):
     """A request to prorl-server failed: refused with an HTTP status, or the server could not be reached.
 
     `status_code` is None when no answer came (connection error or timeout, after the retries).
@@ -42,19 +47,18 @@ class RolloutServerError(RuntimeError):
         self.url = url
 
     @classmethod
-    def from_response(cls, response: httpx.Response, note: str = "") -> RolloutServerError:
+    def from_response(cls, response: Answer, note: str = "") -> RolloutServerError:
         """The error for a 4xx or 5xx answer: method, path, status, hint and the server's message."""
         detail = response_detail(response)
         hint = HINTS.get(response.status_code)
-        request = response.request
-        message = f"{request.method} {request.url.path} -> HTTP {response.status_code}"
+        message = f"{response.method} {response.path} -> HTTP {response.status_code}"
         message += f" ({hint}): {detail}" if hint else f": {detail}"
         return cls(
             message + note,
             status_code=response.status_code,
             detail=detail,
-            method=request.method,
-            url=str(request.url),
+            method=response.method,
+            url=response.url,
         )
 
     @classmethod
@@ -70,7 +74,7 @@ class RolloutServerError(RuntimeError):
         return cls(message + note, detail=str(exc), method=method, url=url)
 
 
-def response_detail(response: httpx.Response) -> str:
+def response_detail(response: Answer) -> str:
     """The server's explanation: `detail` of the JSON body (validation errors on one line), else the text."""
     try:
         body: Any = response.json()
@@ -82,3 +86,21 @@ def response_detail(response: httpx.Response) -> str:
             f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" if isinstance(d, dict) else str(d) for d in detail
         )
     return str(detail)
+
+
+class ClusterUpdateFailed(RolloutServerError):
+    """`client.weights.update_all` did not make the update: every server is back at (or still at) the old
+    version and dispatching, or fenced. `report` is the per-server ClusterUpdateReport; `status_code`,
+    `detail` and `url` are those of the first server that refused."""
+
+    def __init__(
+        self,
+        message: str,
+        report: ClusterUpdateReport,
+        *,
+        status_code: int | None = None,
+        detail: str = "",
+        url: str = "",
+    ) -> None:
+        super().__init__(message, status_code=status_code, detail=detail, url=url)
+        self.report = report

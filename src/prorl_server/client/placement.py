@@ -35,27 +35,43 @@ class LoadTracker:
         self._refreshed_at = -math.inf
         self._lock: asyncio.Lock | None = None
 
-    async def pick(self, fetch_status: Callable[[str], Awaitable[StatusResponse]]) -> str:
-        """The server for the next job (counted as sent to it)."""
-        if len(self.servers) > 1:
-            await self._refresh(fetch_status)
-            server = min(self.servers, key=lambda s: (self.score(s), self.sent[s]))
+    async def pick(
+        self, fetch_status: Callable[[str], Awaitable[StatusResponse]], candidates: Sequence[str] | None = None
+    ) -> str:
+        """The server for the next job among `candidates` (default: every server), counted as sent to it."""
+        choices = self.servers if candidates is None else [s for s in self.servers if s in candidates]
+        if not choices:
+            raise ValueError("no server to pick from")
+        if len(choices) > 1:
+            await self._refresh(fetch_status, choices)
+            server = min(choices, key=lambda s: (self.score(s), self.sent[s]))
         else:
-            server = self.servers[0]
+            server = choices[0]
         self.sent[server] += 1
         return server
+
+    def add(self, server: str) -> None:
+        """Place jobs on `server` too (its load read at the next refresh)."""
+        if server not in self.loads:
+            self.servers.append(server)
+            self.loads[server] = 0.0
+            self.capacity[server] = 1
+            self.sent[server] = 0
+            self._refreshed_at = -math.inf
 
     def score(self, server: str) -> float:
         """Load at the last refresh plus this client's jobs since, per worker."""
         return self.loads[server] + self.sent[server] / self.capacity[server]
 
-    async def _refresh(self, fetch_status: Callable[[str], Awaitable[StatusResponse]]) -> None:
+    async def _refresh(self, fetch_status: Callable[[str], Awaitable[StatusResponse]], servers: Sequence[str]) -> None:
+        if time.monotonic() - self._refreshed_at < self.refresh_s:
+            return  # the common case, without taking the lock
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             if time.monotonic() - self._refreshed_at < self.refresh_s:
-                return
-            answers = await asyncio.gather(*(fetch_status(s) for s in self.servers), return_exceptions=True)
-            for server, answer in zip(self.servers, answers, strict=True):
+                return  # refreshed while this pick waited for the lock
+            answers = await asyncio.gather(*(fetch_status(s) for s in servers), return_exceptions=True)
+            for server, answer in zip(servers, answers, strict=True):
                 if isinstance(answer, StatusResponse):
                     self.loads[server] = server_load(answer)
                     self.capacity[server] = max(1, sum(answer.workers.values()))

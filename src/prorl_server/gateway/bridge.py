@@ -1,13 +1,14 @@
 """SessionBridge: one gateway session served on a Unix socket of its own, for a sandbox without network.
 
 The socket is bound into the sandbox, where the execution server relays `127.0.0.1:<port>` to it
-(tools/relay.py), so that an OpenAI client inside reaches `http://127.0.0.1:<port>/v1` and an Anthropic
+(tool_server/relay.py), so that an OpenAI client inside reaches `http://127.0.0.1:<port>/v1` and an Anthropic
 client `http://127.0.0.1:<port>`. The bridge is the trusted end and decides everything; what the sandbox
 sends is untrusted:
 
 - only the ROUTES pass: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (also with
   the query `?beta=true`, which the beta client of Anthropic's TypeScript SDK, Claude Code's, adds; forwarded
-  as the plain path) and `GET /v1/models`, with no other query string; anything else is a 404. Each goes to
+  as the plain path), `GET /v1/models`, and `GET` and `HEAD` of `/` and `/v1` (a harness's probe of its base
+  URL, answered by the session's), with no other query string; anything else is a 404. Each goes to
   the session's own base URL: the session is fixed by the socket, never by the path, so no other session,
   no trainer endpoint and no backend can be named from inside;
 - the errors the bridge gives itself are in Anthropic's shape (`{"type": "error", "error": {...}}`) for a
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -41,9 +43,12 @@ from pathlib import Path
 import h11
 import httpx
 
+from prorl_server.errors import ProrlError
 from prorl_server.gateway.anthropic.errors import anthropic_error
 from prorl_server.gateway.errors import GatewayError
 from prorl_server.threadsafe import run_in_loop
+
+log = logging.getLogger(__name__)
 
 ROUTES = {
     ("POST", "/v1/chat/completions"): "/chat/completions",
@@ -51,6 +56,10 @@ ROUTES = {
     ("POST", "/v1/messages"): "/messages",
     ("POST", "/v1/messages?beta=true"): "/messages",
     ("GET", "/v1/models"): "/models",
+    ("GET", "/"): "",
+    ("HEAD", "/"): "",
+    ("GET", "/v1"): "",
+    ("HEAD", "/v1"): "",
 }
 """(method, target) -> the path under the session's base URL it is forwarded to."""
 ANTHROPIC_PATH = "/v1/messages"
@@ -65,7 +74,7 @@ SOCKET_NAME = "gw.sock"
 PASSED_HEADERS = (b"content-type",)
 
 
-class _Refused(Exception):
+class _Refused(ProrlError):
     """A request answered with an error by the bridge itself; the connection is closed after it."""
 
     def __init__(self, error: GatewayError) -> None:
@@ -234,7 +243,8 @@ class SessionBridge:
         try:
             response = sending.result()
         except httpx.HTTPError as exc:
-            error = GatewayError(502, f"the gateway did not answer: {exc}", type="server_error")
+            log.warning("session bridge %s: the gateway did not answer: %s", self.directory.name, exc)
+            error = GatewayError(502, "the gateway did not answer", type="server_error")
             await _send_error(connection, writer, request, error)
             return False
         try:
@@ -291,7 +301,7 @@ async def _send_error(
     if path == ANTHROPIC_PATH or path.startswith(f"{ANTHROPIC_PATH}/"):
         status, shaped = anthropic_error(error)
     else:
-        status, shaped = error.status, error.body
+        status, shaped = error.http_status, error.body
     body = json.dumps(shaped.model_dump()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await _send(connection, writer, h11.Response(status_code=status, headers=[*headers, (b"connection", b"close")]))

@@ -6,10 +6,11 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from prorl_server.errors import ProrlError
 from prorl_server.gateway.protocol import ErrorBody, ErrorResponse
 
 
-class GatewayError(Exception):
+class GatewayError(ProrlError):
     """An answer to a harness or trainer that is not a completion: an HTTP status and OpenAI's error body."""
 
     def __init__(
@@ -22,13 +23,49 @@ class GatewayError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
+        self.http_status = status  # per instance, not per class as for the other ProrlErrors
         self.body = ErrorResponse(error=ErrorBody(message=message, type=type, param=param, code=code))
+
+    @property
+    def status(self) -> int:
+        """The HTTP status: `http_status`, by its older name."""
+        return self.http_status
 
     def response(self) -> JSONResponse:
         """The error as an HTTP answer."""
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body.model_dump(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.http_status == 401 else None
+        return JSONResponse(self.body.model_dump(), status_code=self.http_status, headers=headers)
+
+
+class ContextLengthExceeded(GatewayError):
+    """400: the prompt fills the backend's context (`max_context` tokens) and leaves no room for an answer;
+    worded as OpenAI's Chat Completions error (`context_length_exceeded`), with each dialect's own wording
+    beside it, which the harnesses parse to compact their history."""
+
+    def __init__(self, prompt_tokens: int, max_context: int) -> None:
+        super().__init__(
+            400,
+            f"This model's maximum context length is {max_context} tokens. However, your messages resulted in "
+            f"{prompt_tokens} tokens. Please reduce the length of the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+
+    def in_responses(self) -> GatewayError:
+        """The same error as OpenAI's Responses API words it."""
+        return GatewayError(
+            400,
+            "Your input exceeds the context window of this model. Please adjust your input and try again.",
+            param="input",
+            code="context_length_exceeded",
+        )
+
+    @property
+    def anthropic_message(self) -> str:
+        """Anthropic's wording: the most prompt tokens that leave room for one output token as the maximum."""
+        return f"prompt is too long: {self.prompt_tokens} tokens > {self.max_context - 1} maximum"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

@@ -1,7 +1,7 @@
 """A harness's chat messages, three ways: checked (tool results answer calls), as the chat template gets
 them, and as a key to compare histories with; and the model's text as an OpenAI reply.
 
-Tool calls use the server's tool-call format (`tool_formats`, `--tool-call-format`; Hermes/Qwen,
+Tool calls use the server's tool-call format (`tool_call_formats`, `--tool-call-format`; Hermes/Qwen,
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, by default): a reply's calls are parsed from the
 sampled text, and an assistant message the chat template renders is given the text the model sampled for
 it when the gateway returned that message, else its content followed by its calls written in that format.
@@ -24,7 +24,7 @@ from prorl_server.gateway.protocol import (
     ToolCallOut,
     ToolMessage,
 )
-from prorl_server.tool_formats import HERMES, ToolCall, ToolCallFormat
+from prorl_server.tool_call_formats import HERMES, ToolCall, ToolCallFormat
 
 MessageKey = str
 """A message in a canonical JSON form: equal keys mean the same message for the model."""

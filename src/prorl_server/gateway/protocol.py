@@ -1,30 +1,46 @@
-"""Wire models of the gateway: OpenAI Chat Completions (the subset a harness sends and reads) and the
-trainer's session endpoints (`POST /sessions`, `DELETE /sessions/{id}`).
+"""Wire models of the gateway: OpenAI Chat Completions (the subset a harness sends and reads).
+
+The trainer's session endpoints (`POST /sessions`, `DELETE /sessions/{id}`) are `protocol.sessions`.
 
 Requests from a harness are untrusted: every string and list is bounded (`MAX_*`), unknown top-level fields
-are ignored (OpenAI clients send fields such as `user` or `metadata` that change nothing here), and unknown
-fields inside a message are ignored too (a harness may send back the whole message object it received).
+are ignored (OpenAI clients send fields such as `user`, `metadata` or `reasoning_effort` that change nothing
+here), and unknown fields inside a message are ignored too (a harness may send back the whole message object
+it received). Tools of a type the policy cannot call (anything but `function`) are dropped
+(`usable_tools`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+import logging
+from collections.abc import Container
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prorl_server.protocol import Trajectory
 from prorl_server.protocol.bounded import TaskJson
+from prorl_server.protocol.sessions import HARNESS_SAMPLING_FIELDS, MAX_NAME_CHARS
 
-MAX_NAME_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 256
-MAX_HARNESS_MODELS = 16
 
-HarnessParam = Literal[
-    "temperature", "top_p", "top_k", "max_tokens", "stop", "seed", "presence_penalty", "frequency_penalty"
-]
-"""The sampling fields of a chat completion a session may let the harness set (`harness_params`)."""
-HARNESS_SAMPLING_FIELDS: tuple[str, ...] = get_args(HarnessParam)
+log = logging.getLogger(__name__)
+
+
+def usable_tools(tools: Any, usable: Container[str]) -> Any:
+    """`tools` (a request's raw list) without the tools whose `type` is a string not in `usable`: built-in
+    tools the gateway does not run (`web_search`, `local_shell`, Anthropic's server tools, ...) and
+    Codex's `namespace` tools, which the policy cannot call; each dropped one is logged (debug). Anything
+    else is left for validation."""
+    if not isinstance(tools, list):
+        return tools
+    kept = []
+    for tool in tools:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind not in usable:
+            log.debug("gateway: dropped a tool of type %r (%r): the policy cannot call it", kind[:64], tool.get("name"))
+            continue
+        kept.append(tool)
+    return kept
 
 
 class _Lenient(BaseModel):
@@ -127,6 +143,11 @@ class ChatCompletionRequest(_Lenient):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _callable_tools(cls, tools: Any) -> Any:
+        return usable_tools(tools, ("function",))
+
     def harness_sampling(self) -> dict[str, Any]:
         """The sampling fields the harness set (`max_completion_tokens` read as `max_tokens`)."""
         values = {name: getattr(self, name) for name in HARNESS_SAMPLING_FIELDS if getattr(self, name) is not None}
@@ -226,6 +247,14 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class SessionProbe(BaseModel):
+    """`GET` (or `HEAD`) of a session's base URL: that it is open, and its model names."""
+
+    object: Literal["session"] = "session"
+    id: str
+    models: list[str]
+
+
 class ErrorBody(BaseModel):
     message: str
     type: str
@@ -237,69 +266,3 @@ class ErrorResponse(BaseModel):
     """OpenAI's error shape, which OpenAI clients raise as `openai.APIStatusError` subclasses."""
 
     error: ErrorBody
-
-
-# the trainer's session endpoints ---------------------------------------------------------------------
-
-
-class OpenSessionRequest(BaseModel):
-    """`POST /sessions`: a standalone session, pinned to one backend, for a harness the trainer runs itself."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sampling_params: TaskJson = Field(
-        default_factory=dict,
-        description="Sampling params of every completion (vLLM's names); they win over the harness's, except "
-        "for the fields in `harness_params`.",
-    )
-    harness_params: list[HarnessParam] = Field(
-        default_factory=lambda: ["max_tokens"],
-        description="Fields of the harness's chat request that are used, overriding `sampling_params`; the "
-        "harness's other sampling fields are ignored.",
-    )
-    model: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_NAME_CHARS,
-        description="A name the harness may use for the model besides the backend's served name.",
-    )
-    accept_any_model: bool = Field(
-        default=False,
-        description="Answer whatever model name the harness sends (a harness with a model name of its own, "
-        "such as Claude Code's); the names it sent are in the result's `harness_models`.",
-    )
-    data_source: str = Field(default="", max_length=MAX_NAME_CHARS, description="For telemetry, as a job's.")
-
-
-class SessionOpened(BaseModel):
-    """A session's address and key: give both to the harness (`OPENAI_BASE_URL`, `OPENAI_API_KEY`)."""
-
-    session_id: str
-    base_url: str = Field(description="The session's OpenAI base URL (ends in /v1).")
-    api_key: str = Field(description="The session's own key; it opens this session and nothing else.")
-    model: str = Field(description="The model name to send (the alias when one was given).")
-
-
-class SessionResult(BaseModel):
-    """A closed session's recording: one trajectory per segment, in order.
-
-    A segment starts at the first call and whenever the harness's messages are not the previous call's
-    messages plus the reply it got plus new messages (a rewrite of its history, or other tools).
-    """
-
-    session_id: str
-    segments: list[Trajectory]
-    rewrites: int = Field(
-        description="Segments started after a call had been answered: the harness's history did not continue "
-        "the previous call's."
-    )
-    calls: int = Field(description="Chat completions answered.")
-    harness_models: list[str] = Field(
-        default_factory=list,
-        description=f"The model names the harness's answered calls sent, in order of first use (at most "
-        f"{MAX_HARNESS_MODELS}).",
-    )
-    failed_calls: int = Field(
-        description="Valid chat completions that got no reply: the backend failed, or the call was cancelled "
-        "(its harness went away, or the session was closed)."
-    )

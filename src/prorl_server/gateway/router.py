@@ -3,6 +3,9 @@
 - `POST /sessions` and `DELETE /sessions/{id}` are the trainer's (behind `--api-key` like every endpoint).
 - `/sessions/{id}/v1/...` is the harness's: it needs the session's own key or the operator's
   (`Authorization: Bearer`), checked here; the API-key middleware lets these paths through to this check.
+- `GET` and `HEAD` of `/sessions/{id}` and `/sessions/{id}/v1` (the Anthropic and the OpenAI base URL, which
+  harnesses probe: Claude Code sends `HEAD` to its base URL) answer the session's model names, with the
+  session's key in `x-api-key` or `Authorization` (HEAD: the same status and headers, no body).
 """
 
 from __future__ import annotations
@@ -14,19 +17,14 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+from prorl_server.gateway.anthropic.router import authorized as authorized_either_key
 from prorl_server.gateway.anthropic.router import router as anthropic_router
 from prorl_server.gateway.errors import GatewayError, gateway_error_handler, session_not_found
-from prorl_server.gateway.protocol import (
-    ChatCompletionRequest,
-    ModelCard,
-    ModelList,
-    OpenSessionRequest,
-    SessionOpened,
-    SessionResult,
-)
+from prorl_server.gateway.protocol import ChatCompletionRequest, ModelCard, ModelList, SessionProbe
 from prorl_server.gateway.responses.router import router as responses_router
 from prorl_server.gateway.serving import complete, completion_body, completion_events, read_chat_request
 from prorl_server.gateway.sessions import GatewaySession, SessionRegistry
+from prorl_server.protocol import OpenSessionRequest, SessionOpened, SessionResult
 from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["gateway"])
@@ -78,6 +76,17 @@ async def close_session(session_id: str, registry: Registry) -> SessionResult:
     if result is None:
         raise session_not_found(session_id)
     return result
+
+
+@router.api_route(
+    "/sessions/{session_id}", methods=["GET", "HEAD"], response_model=SessionProbe, summary="A harness's probe"
+)
+@router.api_route(
+    "/sessions/{session_id}/v1", methods=["GET", "HEAD"], response_model=SessionProbe, summary="A harness's probe"
+)
+async def probe_session(request: Request, session_id: str) -> SessionProbe:
+    session = authorized_either_key(request, session_id)
+    return SessionProbe(id=session.id, models=session.model_names)
 
 
 @router.get("/sessions/{session_id}/v1/models", response_model=ModelList, summary="The session's model")

@@ -5,7 +5,7 @@ the variables an OpenAI client reads (`OPENAI_BASE_URL=http://127.0.0.1:SANDBOX_
 a placeholder, since the bridge sends the session's key itself, and `OPENAI_MODEL`) and their Anthropic
 counterparts (`ANTHROPIC_BASE_URL=http://127.0.0.1:SANDBOX_PORT`, without `/v1`: Anthropic's clients add
 `/v1/messages`; `ANTHROPIC_API_KEY`, the same placeholder; `ANTHROPIC_MODEL`); once the sandbox is up,
-`start_relay()` has its execution server listen on that port (tools/relay.py). Every process of the
+`start_relay()` has its execution server listen on that port (tool_server/relay.py). Every process of the
 sandbox then reaches its own session, and only it: the bridge on the host fixes the session and refuses
 every other path. `JobContext.start_sandbox(spec, gateway=access)` does all of it (docs/gateway.md, "From
 inside a sandbox").

@@ -8,6 +8,7 @@ the tool calls, the finish reason, the usage when `stream_options.include_usage`
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -30,7 +31,16 @@ from prorl_server.gateway.protocol import (
 )
 from prorl_server.gateway.recorder import RecordedCall
 from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
-from prorl_server.llm.errors import BackendRequestError, LLMError, SessionFinished
+from prorl_server.llm.errors import (
+    BackendRequestError,
+    BackendStalled,
+    BackendUnavailable,
+    LLMError,
+    NoBackendAvailable,
+    SessionFinished,
+)
+
+log = logging.getLogger(__name__)
 
 
 async def read_json_object(request: Request, limits: GatewayLimits, items: str, noun: str) -> dict[str, Any]:
@@ -72,25 +82,29 @@ async def read_chat_request(request: Request, limits: GatewayLimits) -> ChatComp
         raise bad_request(f"{param or 'body'}: {error['msg']}{more}"[:500], param=param) from None
 
 
-async def complete(session: GatewaySession, request: ChatCompletionRequest) -> RecordedCall:
-    """Record one completion of `session`; LLM failures become OpenAI-shaped errors."""
-    if not session.answers_as(request.model):
-        raise GatewayError(
-            404,
-            f"the model {request.model[:100]!r} does not exist in this session; it serves "
-            + " or ".join(repr(n) for n in session.model_names),
-            param="model",
-            code="model_not_found",
-        )
+async def complete(session: GatewaySession, request: ChatCompletionRequest, api: str = "chat") -> RecordedCall:
+    """Record one completion of `session` (a side call in its own chains) for a call of `api`; LLM failures
+    become OpenAI-shaped errors, which never name a backend (its address and the whole failure are logged here
+    instead). An answered call's seconds go to `session.on_call`."""
+    started = time.perf_counter()
+    side_call = session.admit(request.model)
     try:
-        recorded = await session.recorder.complete(request)
+        recorded = await session.recorder.complete(request, side_call=side_call)
     except SessionFinished:
         raise GatewayError(404, "the session is closed", code="session_closed") from None
     except BackendRequestError as exc:
-        raise bad_request(f"the model's backend refused the request: {exc}", code="backend_rejected") from None
-    except LLMError as exc:
+        log.warning("gateway session %s: the backend refused a call: %s", session.id, exc)
+        raise bad_request(f"the model's backend refused the request: {exc.detail}", code="backend_rejected") from None
+    except (BackendUnavailable, NoBackendAvailable) as exc:
+        log.warning("gateway session %s: a call failed: %s", session.id, exc)
+        why = "did not answer in time" if isinstance(exc, BackendStalled) else "failed or is unavailable"
+        raise GatewayError(503, f"the model's backend {why}; try again", type="server_error") from None
+    except LLMError as exc:  # the template or the session's state, which name no backend
+        log.warning("gateway session %s: a call failed: %s", session.id, exc)
         raise GatewayError(503, f"the model's backend failed: {exc}", type="server_error") from None
     session.answered_as(request.model)
+    if session.on_call is not None:
+        session.on_call(api, time.perf_counter() - started)
     return recorded
 
 

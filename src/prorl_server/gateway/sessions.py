@@ -1,4 +1,5 @@
-"""GatewaySession and SessionRegistry: the open sessions, their keys, their bounds and their end.
+"""GatewaySession and SessionRegistry: the open sessions, their keys, their bounds, their end and their close
+answer (the recorder's chains, the main chain, the chains the reward belongs to).
 
 A session is opened by a trainer (`POST /sessions`) or by a handler for its job (`JobContext.gateway_session`)
 and is reached at `/sessions/{id}/v1` with its own random key. The registry holds at most `max_sessions`;
@@ -19,18 +20,19 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
-from prorl_server.gateway.protocol import MAX_HARNESS_MODELS, OpenSessionRequest, SessionResult
 from prorl_server.gateway.recorder import ConversationRecorder
 from prorl_server.gateway.responses.store import ResponseStore
 from prorl_server.llm.backend_pool import BackendPool
 from prorl_server.llm.errors import LLMError
+from prorl_server.protocol import ChainRecord, OpenSessionRequest, RewardChains, SessionResult, SideCalls
+from prorl_server.protocol.sessions import MAX_HARNESS_MODELS
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.threadsafe import call_in_loop, running_loop
-from prorl_server.tool_formats import ToolCallFormat
+from prorl_server.tool_call_formats import ToolCallFormat
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +47,21 @@ class GatewayLimits:
     max_sessions: int = 1024
     idle_timeout_s: float = 900.0
     max_segments: int = 256
+    max_chains: int = 64
     max_messages: int = 4096
     max_body_bytes: int = 8 * 1024 * 1024
     max_failovers: int = 3
     open_timeout_s: float = 10.0
 
 
+CallObserver = Callable[[str, float], None]
+"""Told of each answered call: its API (`chat`, `responses`, `anthropic`) and its seconds."""
+
+
 @dataclass(eq=False)
 class GatewaySession:
-    """One open session: its id, key, model names and recorder, its remembered Responses, and its calls in
-    flight."""
+    """One open session: its id, key, model names and recorder, what it does with side calls and which
+    chains its reward belongs to, its remembered Responses, and its calls in flight."""
 
     id: str
     key: str
@@ -63,17 +70,39 @@ class GatewaySession:
     recorder: ConversationRecorder
     job_id: str | None = None
     accept_any_model: bool = False
+    side_calls: SideCalls = "record"
+    reward_chains: RewardChains = "main"
     harness_models: list[str] = field(default_factory=list)
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
     responses: ResponseStore = field(default_factory=ResponseStore)  # for `previous_response_id`
+    on_call: CallObserver | None = None  # told each answered call's API and seconds (the server's metrics)
     _inflight: set[asyncio.Task[object]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # `shut` may run on another thread
 
-    def answers_as(self, model: str) -> bool:
-        """Whether `model` names this session's model (the served name or the alias; any with
-        `accept_any_model`)."""
-        return self.accept_any_model or model == self.model or (self.alias is not None and model == self.alias)
+    def admit(self, model: str) -> bool:
+        """Whether a call naming `model` is a side call (another name than the served name or the alias,
+        which only `accept_any_model` lets through); a GatewayError (404) when it is not answered at all."""
+        if model == self.model or (self.alias is not None and model == self.alias):
+            return False
+        if not self.accept_any_model:
+            raise GatewayError(
+                404,
+                f"the model {model[:100]!r} does not exist in this session; it serves "
+                + " or ".join(repr(n) for n in self.model_names),
+                param="model",
+                code="model_not_found",
+            )
+        if self.side_calls == "refuse":
+            raise GatewayError(
+                404,
+                f"this session refuses side calls (calls naming another model than "
+                f"{' or '.join(repr(n) for n in self.model_names)}, here {model[:100]!r}): it was opened with "
+                "side_calls 'refuse'",
+                param="model",
+                code="side_call_refused",
+            )
+        return True
 
     def answered_as(self, model: str) -> None:
         """Note that a call naming `model` was answered (the first MAX_HARNESS_MODELS names are kept)."""
@@ -132,14 +161,38 @@ class GatewaySession:
     def result(self) -> SessionResult:
         """The recording so far."""
         r = self.recorder
+        segments, chains = r.recording()
+        main = main_chain(chains)
         return SessionResult(
             session_id=self.id,
-            segments=r.trajectories(),
+            segments=segments,
+            chains=chains,
+            main_chain=main,
+            reward_chains=reward_chains(chains, main, self.reward_chains),
             rewrites=r.rewrites,
             calls=r.calls,
+            side_calls=r.side_calls,
             harness_models=list(self.harness_models),
             failed_calls=r.failed_calls,
         )
+
+
+def main_chain(chains: list[ChainRecord]) -> int | None:
+    """The main chain's id: the chain of the first call under the session's own model name (a main agent
+    starts its sub-agents, so they come later), else the chain with the most sampled tokens."""
+    own = [c for c in chains if not c.side_call]
+    if own:
+        return own[0].id
+    return max(chains, key=lambda c: c.sampled_tokens).id if chains else None
+
+
+def reward_chains(chains: list[ChainRecord], main: int | None, which: RewardChains) -> list[int]:
+    """The ids of the chains `which` names."""
+    if which == "all":
+        return [c.id for c in chains]
+    if which == "agents":
+        return [c.id for c in chains if not c.side_call]
+    return [] if main is None else [main]
 
 
 def session_closed() -> GatewayError:
@@ -159,8 +212,10 @@ class SessionRegistry:
         dispatch: DispatchPolicy | None = None,
         public_url: str | None = None,
         tool_format: ToolCallFormat | None = None,
+        on_call: CallObserver | None = None,
     ) -> None:
         self.pool = pool
+        self.on_call = on_call
         self.tool_format = tool_format
         self.limits = limits
         self.dispatch = dispatch
@@ -191,6 +246,7 @@ class SessionRegistry:
             request.sampling_params,
             frozenset(request.harness_params),
             max_segments=self.limits.max_segments,
+            max_chains=self.limits.max_chains,
             max_failovers=self.limits.max_failovers,
             dispatch=self.dispatch,
             data_source=request.data_source,
@@ -225,6 +281,9 @@ class SessionRegistry:
             recorder,
             job_id,
             accept_any_model=request.accept_any_model,
+            side_calls=request.side_calls,
+            reward_chains=request.reward_chains,
+            on_call=self.on_call,
         )
         with self._lock:
             self._sessions[session_id] = session

@@ -1,7 +1,7 @@
 """Task plugins: the AgentHandler interface, the JobContext it receives, and the plugin registry."""
 
 from prorl_server.handlers.base import AGENT_CONFIG_KEYS, AgentHandler, default_error
-from prorl_server.handlers.context import JobContext, JobFinished
+from prorl_server.handlers.context import GatewayAccess, JobContext, JobFinished
 from prorl_server.handlers.registry import (
     ENTRY_POINT_GROUP,
     HandlerEntry,
@@ -15,6 +15,7 @@ __all__ = [
     "AGENT_CONFIG_KEYS",
     "ENTRY_POINT_GROUP",
     "AgentHandler",
+    "GatewayAccess",
     "HandlerEntry",
     "HandlerLoadError",
     "HandlerRegistry",

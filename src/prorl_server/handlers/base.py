@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from prorl_server.errors import error_kind_of
 from prorl_server.handlers.context import JobContext
 from prorl_server.handlers.failure import exception_location, exception_message, short_traceback
 from prorl_server.protocol import ErrorInfo, ErrorStage, JobResult, Stage
@@ -72,7 +73,7 @@ def default_error(stage: Stage | ErrorStage | str, exc: BaseException) -> ErrorI
     """The error a stage exception becomes unless the handler decides otherwise, with where it was raised."""
     return ErrorInfo(
         stage=stage,
-        type=type(exc).__name__,
+        type=error_kind_of(exc),
         message=exception_message(exc),
         location=exception_location(exc),
         traceback=short_traceback(exc),

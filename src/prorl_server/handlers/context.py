@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused
 from prorl_server.actions.quota import QuotaRegistry, Slot
+from prorl_server.errors import HandlerApiError
 from prorl_server.gateway.bridge import SessionBridge
-from prorl_server.gateway.protocol import OpenSessionRequest
 from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
 from prorl_server.gateway.sessions import SessionRegistry
 from prorl_server.handlers.failure import cancel_requested
-from prorl_server.llm import LLMSession
+from prorl_server.llm import LLMError, LLMSession
 from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
-from prorl_server.protocol import Stage, Trajectory
+from prorl_server.protocol import OpenSessionRequest, RewardChains, SessionResult, SideCalls, Stage, Trajectory
 from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.private_dir import ensure_private_dir
@@ -49,9 +49,12 @@ class GatewayAccess:
     base_url: str
     api_key: str
     model: str
+    context_tokens: int | None = None
+    """The context length of the job's backend (its `max_model_len`), None where it does not say: a harness
+    told it compacts its history before the gateway must refuse a call as too long."""
 
 
-class JobFinished(RuntimeError):
+class JobFinished(HandlerApiError, RuntimeError):
     """The job has ended (finished, timed out or cancelled): it starts no more sandboxes, and a `ctx.wait`
     still running when it ended was cancelled."""
 
@@ -137,6 +140,12 @@ class JobContext:
             )
         return self._model_services.use(name)
 
+    @property
+    def default_sandbox_spec(self) -> SandboxSpec:
+        """The server's default sandbox spec (`--image`, limits): start from it to add binds or variables, e.g.
+        `ctx.default_sandbox_spec.model_copy(update={"binds": [...]})`."""
+        return self._sandboxes.default_spec if self._sandboxes is not None else SandboxSpec()
+
     async def start_sandbox(self, spec: SandboxSpec | None = None, *, gateway: GatewayAccess | None = None) -> Sandbox:
         """Start a sandbox for this job (the server's default spec unless given).
 
@@ -216,15 +225,19 @@ class JobContext:
         harness_params: tuple[str, ...] = ("max_tokens",),
         model: str | None = None,
         accept_any_model: bool = False,
+        side_calls: SideCalls = "record",
+        reward_chains: RewardChains = "main",
     ) -> GatewayAccess:
         """Open an OpenAI gateway session for this job (docs/gateway.md): on the job's backend, with the job's
         sampling params, of which the agent may set only `harness_params`; `model` is a name it may use
-        (with `accept_any_model`, it may use any).
+        (with `accept_any_model`, it may use any: calls naming neither it nor the served name are side calls,
+        recorded as chains of their own or refused, per `side_calls`).
 
         The session is closed on release (right after RUN, or when the job ends), which aborts a completion
-        in flight; its recording (`SessionResult`: the segments, rewrites and counts) is then appended to
-        `ctx.artifacts["gateway"]`, and a recording of one segment is also the job's `trajectory` when `ctx.llm`
-        wrote nothing. Raises JobFinished once the job has ended.
+        in flight; its recording (`SessionResult`: the chains and their segments, the counts, and the
+        `reward_chains` the reward belongs to: the main chain, every agent chain, or all) is then appended to
+        `ctx.artifacts["gateway"]`; when the reward chains are one chain of one segment, that segment is also
+        the job's `trajectory` (if `ctx.llm` wrote nothing). Raises JobFinished once the job has ended.
         """
         registry = self._gateway
         if registry is None:
@@ -237,6 +250,8 @@ class JobContext:
             model=model,
             accept_any_model=accept_any_model,
             data_source=self.data_source,
+            side_calls=side_calls,
+            reward_chains=reward_chains,
         )
         session = await registry.open(request, job_id=self.job_id)
 
@@ -244,13 +259,20 @@ class JobContext:
             result = await registry.close(session.id)
             if result is not None:
                 self.artifacts.setdefault("gateway", []).append(result.model_dump(mode="json"))
-                if len(result.segments) == 1:  # one conversation, token-exact: the job's trajectory
-                    self.llm.tokens.adopt(result.segments[0])
+                rewarded = _rewarded_segments(result)
+                if len(rewarded) == 1:  # one conversation, token-exact: the job's trajectory
+                    self.llm.tokens.adopt(rewarded[0])
 
         if not self._keep(close):
             await close()
             raise JobFinished(f"job {self.job_id} ended while its gateway session was opening; it was closed")
-        return GatewayAccess(session.id, registry.base_url(session), session.key, session.alias or session.model)
+        try:
+            context = await self.llm.context_limit()
+        except LLMError:  # no backend to ask now: the session's first call says why, in the dialect's words
+            context = None
+        return GatewayAccess(
+            session.id, registry.base_url(session), session.key, session.alias or session.model, context
+        )
 
     @property
     def finished(self) -> bool:
@@ -369,3 +391,9 @@ async def _logged(outcome: Awaitable[None], job_id: str) -> None:
         if isinstance(exc, asyncio.CancelledError) and cancel_requested():
             raise
         log.exception("release callback of job %s failed", job_id)
+
+
+def _rewarded_segments(result: SessionResult) -> list[Trajectory]:
+    """The segments of a session's reward chains."""
+    chosen = set(result.reward_chains)
+    return [segment for chain in result.chains if chain.id in chosen for segment in chain.segments]

@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from prorl_server.errors import HandlerApiError
 from prorl_server.handlers.base import AgentHandler
 from prorl_server.handlers.failure import import_error_location
 
@@ -19,12 +20,16 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "prorl_server.handlers"
 
 
-class UnknownDataSource(LookupError):
+class UnknownDataSource(HandlerApiError, LookupError):
     """No handler is registered under the instance's `data_source`."""
 
+    http_status = 400
 
-class HandlerLoadError(RuntimeError):
+
+class HandlerLoadError(HandlerApiError, RuntimeError):
     """A handler plugin is registered but could not be imported or instantiated."""
+
+    http_status = 503
 
 
 @dataclass

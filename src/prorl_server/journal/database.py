@@ -21,6 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if __package__:
+    from prorl_server.errors import ProrlError
+else:  # loaded by the writer process's script (commit_loop.py, `python -I`): standard library only
+
+    class ProrlError(Exception):  # type: ignore[no-redef]
+        """prorl_server.errors.ProrlError's stand-in in the writer process, which logs its errors and sends none out."""
+
+
 APPLICATION_ID = 0x70726C6A  # "prlj": marks the file as a prorl-server journal
 SCHEMA_VERSION = 1
 
@@ -41,7 +49,7 @@ KEEP_NEXT_SEQ = (
 """Run before results are deleted: the next cursor is one past the highest stored, which may be deleted next."""
 
 
-class JournalError(RuntimeError):
+class JournalError(ProrlError, RuntimeError):
     """The journal cannot be opened: in use by another server, not a journal, corrupt, or not writable."""
 
 

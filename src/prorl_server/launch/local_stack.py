@@ -11,14 +11,24 @@ Each child runs in its own session (Ctrl-C reaches only this process, which stop
 block, even on an exception, sends SIGTERM to each child by PID, then SIGKILL to what is left of its
 process group after it exits or after a grace period.
 
-Children inherit the environment, so the server's key is the one a client of this process finds: `$PRORL_API_KEY`
-when it is set, else the key in the user's key file, which the server makes at its first start
-(`prorl_server.auth_key`). `RolloutClient` sends it by itself; `auth_headers()` gives the header for other
-HTTP clients. The health checks here need no key.
+The server's API key, chosen when the stack is made:
+
+- by default children inherit the environment, so the server's key is the one a client of this process finds:
+  `$PRORL_API_KEY` when it is set, else the key in the user's key file, which the server makes at its first
+  start (`prorl_server.auth_key`). `RolloutClient` sends it by itself; `auth_headers()` gives the header for
+  other HTTP clients;
+- `LocalStack(log_dir, api_key="...")`: every server of the stack serves with that key (given to it in
+  `$PRORL_API_KEY`, not on its command line, which `ps` shows); pass `stack.api_key` to the clients;
+- `LocalStack(log_dir, no_api_key=True)`: every server serves without a key (`--no-api-key`, with
+  `$PRORL_API_KEY` taken out of its environment, since serve refuses both); for tests and single-user machines.
+
+`stack.api_key` is the key the stack's servers use (None without one) and `stack.auth_headers()` its header.
+The health checks here need no key.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -32,6 +42,8 @@ from types import FrameType, TracebackType
 
 import httpx
 
+from prorl_server.auth_key import client_api_key
+from prorl_server.protocol.server import API_KEY_ENV
 from prorl_server.vllm_cpu.install import VllmCpuInstall
 from prorl_server.vllm_cpu.launcher import READY_TIMEOUT_S as VLLM_READY_TIMEOUT_S
 from prorl_server.vllm_cpu.launcher import VllmCpuSettings, stop_session, vllm_command, vllm_environment
@@ -50,10 +62,31 @@ def free_port() -> int:
 class LocalStack:
     """Child processes of this script: started, waited for, always stopped."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, api_key: str | None = None, no_api_key: bool = False) -> None:
+        """`api_key`: the key every server of the stack serves with; `no_api_key`: serve without one; neither:
+        the key of the inherited environment or the user's key file (the module's docstring says more)."""
+        if api_key is not None and no_api_key:
+            raise ValueError("LocalStack: give api_key or no_api_key=True, not both")
+        if api_key is not None and (not api_key or any(c.isspace() for c in api_key)):
+            raise ValueError("LocalStack: api_key must be a non-empty string without spaces")
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._api_key = api_key
+        self._no_api_key = no_api_key
         self._previous_sigterm: signal.Handlers | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        """The key the stack's servers use: the one given, None with `no_api_key`, else what a client of this
+        process finds (`$PRORL_API_KEY`, else the user's key file, which exists once a server has started)."""
+        if self._no_api_key:
+            return None
+        return self._api_key if self._api_key is not None else client_api_key()
+
+    def auth_headers(self) -> dict[str, str]:
+        """`Authorization: Bearer <api_key>`, or no header when the servers have no key."""
+        key = self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def __enter__(self) -> LocalStack:
         self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM acts like Ctrl-C
@@ -104,10 +137,16 @@ class LocalStack:
         return settings.address
 
     def server(self, *options: str) -> str:
-        """Start `prorl-server serve` (extra options passed on); returns its address."""
+        """Start `prorl-server serve` (extra options passed on) with the stack's key choice; returns its address."""
         port = free_port()
         argv = [sys.executable, "-m", "prorl_server.cli", "serve", "--port", str(port), *options]
-        self.launch("prorl_server", argv, f"http://127.0.0.1:{port}/health")
+        env = None  # inherited
+        if self._no_api_key:
+            argv.append("--no-api-key")
+            env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+        elif self._api_key is not None:
+            env = {**os.environ, API_KEY_ENV: self._api_key}
+        self.launch("prorl_server", argv, f"http://127.0.0.1:{port}/health", env=env)
         return f"http://127.0.0.1:{port}"
 
     def tail(self, name: str, lines: int = 20) -> str:
@@ -123,10 +162,16 @@ class LocalStack:
             proc.wait()
 
 
-def run_with_stack(prefix: str, demo: Callable[[LocalStack], int]) -> int:
-    """`demo(stack)` with a fresh LocalStack (logs in a temporary directory); returns its exit code, 130 on
-    Ctrl-C or SIGTERM, 1 on an error (printed with the children's last log lines). Children always stop."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, LocalStack(Path(tmp)) as stack:
+def run_with_stack(
+    prefix: str, demo: Callable[[LocalStack], int], *, api_key: str | None = None, no_api_key: bool = False
+) -> int:
+    """`demo(stack)` with a fresh LocalStack (logs in a temporary directory; `api_key`, `no_api_key` as
+    LocalStack's); returns its exit code, 130 on Ctrl-C or SIGTERM, 1 on an error (printed with the children's
+    last log lines). Children always stop."""
+    with (
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
+        LocalStack(Path(tmp), api_key=api_key, no_api_key=no_api_key) as stack,
+    ):
         try:
             return demo(stack)
         except KeyboardInterrupt:

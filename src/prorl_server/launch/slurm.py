@@ -2,8 +2,8 @@
 
 - `announce`: wait until a process just started on a node (a rollout server or an LLM backend) answers its
   health check, then write its Announcement into the run directory (a shared filesystem).
-- `register`: wait for every expected announcement, register the backends with the servers by ProRL's
-  two-phase rule (each server first gets the backends on its own node, the rest are spread evenly), then
+- `register`: wait for every expected announcement, refuse two processes announcing one address, register
+  the backends with the servers by ProRL's two-phase rule (each server first gets the backends on its own node, the rest are spread evenly), then
   write the endpoints file trainers read (protocol/endpoints.py).
 
 Both are `prorl-server slurm announce|register`; the sbatch scripts call them.
@@ -21,6 +21,7 @@ import httpx
 
 from prorl_server.auth_key import ApiKeyFileError
 from prorl_server.client import RolloutClient, RolloutServerError
+from prorl_server.errors import LaunchError
 from prorl_server.protocol.endpoints import Announcement, Endpoints, write_atomically
 
 POLL_S = 0.5
@@ -28,7 +29,7 @@ ROLE_DIRS = {"server": "servers", "backend": "backends"}
 ENDPOINTS_FILE = "endpoints.json"
 
 
-class DeploymentError(RuntimeError):
+class DeploymentError(LaunchError, RuntimeError):
     """A deployment step failed; the message says which process or file and what to look at."""
 
 
@@ -97,6 +98,22 @@ def wait_announcements(run_dir: Path, role: str, expected: int, deadline: float)
         time.sleep(POLL_S)
 
 
+def check_distinct(run_dir: Path, role: str) -> None:
+    """DeploymentError naming both when two processes of `role` announced the same address (NODE_ADDRESS set
+    to one name on several nodes, say): one of them would get the other's backends, or be lost."""
+    seen: dict[str, tuple[str, Announcement]] = {}
+    for path in sorted((run_dir / ROLE_DIRS[role]).glob("*.json")):
+        entry = Announcement.model_validate_json(path.read_bytes())
+        if entry.address in seen:
+            name, first = seen[entry.address]
+            raise DeploymentError(
+                f"{role}s {name} (pid {first.pid} on {first.host}) and {path.stem} (pid {entry.pid} on {entry.host}) "
+                f"both announced {entry.address}: every process needs an address of its own. Is NODE_ADDRESS set "
+                "to one name on several nodes? Leave it empty to announce each node by its hostname."
+            )
+        seen[entry.address] = (path.stem, entry)
+
+
 def key_required(server: str) -> bool:
     """Whether `server` wants an API key: it answers `GET /status` without one with 401."""
     try:
@@ -127,7 +144,9 @@ def register(run_dir: Path, n_servers: int, n_backends: int, timeout_s: float) -
     """Wait for `n_servers` servers and `n_backends` backends, register, write `<run_dir>/endpoints.json`."""
     deadline = time.monotonic() + timeout_s
     servers = wait_announcements(run_dir, "server", n_servers, deadline)
+    check_distinct(run_dir, "server")
     backends = wait_announcements(run_dir, "backend", n_backends, deadline)
+    check_distinct(run_dir, "backend")
     server_urls = [s.address for s in servers]
     backend_urls = [b.address for b in backends]
     assignment = asyncio.run(register_backends(server_urls, backend_urls))

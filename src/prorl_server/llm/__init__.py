@@ -18,7 +18,7 @@ from prorl_server.llm.placement import MinHeapPolicy, PlacementPolicy, StickyLea
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.session import LLMSession
 from prorl_server.llm.vllm_client import VLLMClient
-from prorl_server.llm.vllm_protocol import Completion, ServedModel, parse_completion
+from prorl_server.llm.vllm_parsing import Completion, ServedModel, parse_completion
 from prorl_server.llm.weight_pause_gate import DispatchAborted, WeightPauseGate
 
 __all__ = [

@@ -6,7 +6,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from prorl_server.llm.admission import AdmissionGate
@@ -44,6 +44,15 @@ class BackendNotes:
 
     template_shape: TemplateShape | None = None  # its chat template around an assistant message (session.py)
     weights_path: str | None = None  # the checkpoint it last reloaded, loaded back on a failure (weight_update.py)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """The weight version and the backend set at one moment, to go back to (a weight update's rollback)."""
+
+    version: str | int | None
+    backends: tuple[tuple[Backend, str | int | None, dict[str, Any]], ...]  # each with its version and tags then
+    notes: dict[str, BackendNotes]  # copies, per address
 
 
 class BackendPool:
@@ -169,6 +178,40 @@ class BackendPool:
             for backend in self._backends.values():
                 backend.weight_version = version
             return sorted(self._backends.values(), key=lambda b: b.order)
+
+    def snapshot(self) -> PoolSnapshot:
+        """The current version, the backends (with their versions and tags) and their notes, for `restore`."""
+        with self._lock:
+            backends = sorted(self._backends.values(), key=lambda b: b.order)
+            return PoolSnapshot(
+                self.versions.current,
+                tuple((b, b.weight_version, dict(b.tags)) for b in backends),
+                {address: replace(notes) for address, notes in self._notes.items()},
+            )
+
+    def restore(self, snapshot: PoolSnapshot, undone: str | int) -> bool:
+        """Go back to `snapshot` after the update that set version `undone` (which may then be set again): the
+        backend set (the removed backends come back as they were, the added ones leave, and jobs pinned to
+        those move on their next call), each backend's version, tags and last checkpoint, and the current
+        version. True when the backend set changed."""
+        with self._lock:
+            self.versions.unset(undone, snapshot.version)
+            wanted = {backend.address: (backend, version, tags) for backend, version, tags in snapshot.backends}
+            changed = wanted.keys() != self._backends.keys()
+            for address in [a for a in self._backends if a not in wanted]:
+                del self._backends[address]
+                self._health.forget(address)
+                self._notes.pop(address, None)
+            for address, (backend, version, tags) in wanted.items():
+                backend.weight_version, backend.tags = version, dict(tags)
+                self._backends[address] = backend
+                before = snapshot.notes.get(address)
+                notes = self._notes.get(address)
+                if notes is None and before is not None:
+                    self._notes[address] = replace(before)
+                elif notes is not None:
+                    notes.weights_path = before.weights_path if before is not None else None
+            return changed
 
     def remove(self, address: str, abort: bool = False) -> tuple[Backend, int, int] | None:
         """Drain one backend: it leaves the pool at once (no new job or call goes to it), jobs pinned to it

@@ -36,6 +36,8 @@ Submit = Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]]
 class FreezeRefused(LLMError):
     """Some engines could not freeze their requests; none is left frozen. The message names them."""
 
+    http_status = 409
+
 
 class EngineFreeze:
     """Which engines are frozen now; `freeze` and `thaw` change that (one at a time, on the API loop)."""

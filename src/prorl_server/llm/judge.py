@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictStr, ValidationError
 
 from prorl_server.actions.quota import QuotaConfig, ServiceQuota
+from prorl_server.errors import ProrlError
 from prorl_server.llm import response_limits as limits
 from prorl_server.llm.errors import (
     BackendProtocolError,
@@ -62,7 +63,7 @@ class JudgeUnavailable(JudgeError):
     """`ctx.judge` cannot be used here: no judge server is configured, or the stage is not EVAL."""
 
 
-class JudgeConfigError(ValueError):
+class JudgeConfigError(ProrlError, ValueError):
     """The judge settings cannot work (no server, a server that is not an http(s) URL)."""
 
 

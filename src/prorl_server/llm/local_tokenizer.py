@@ -26,6 +26,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from prorl_server.errors import ProrlError
 from prorl_server.llm.chat_template import compile_template, render_chat
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -40,7 +41,7 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
 
 
-class TokenizerUnavailable(Exception):
+class TokenizerUnavailable(ProrlError):
     """A tokenizer directory that cannot be used: a file missing, unreadable or malformed."""
 
 

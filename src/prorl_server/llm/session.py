@@ -34,9 +34,9 @@ from prorl_server.llm.token_stream import TokenStream
 from prorl_server.llm.tokenizer_check import BASE as _BASE
 from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
 from prorl_server.llm.vllm_client import VLLMClient
-from prorl_server.llm.vllm_protocol import Completion
+from prorl_server.llm.vllm_parsing import Completion
 from prorl_server.llm.weight_pause_gate import PauseClock, Ticket
-from prorl_server.protocol import Trajectory, TurnRecord, WeightSpan
+from prorl_server.protocol import ErrorKind, Trajectory, TurnRecord, WeightSpan
 from prorl_server.scheduling.dispatch import DispatchPolicy
 from prorl_server.scheduling.telemetry import TrajectoryTelemetry
 from prorl_server.scheduling.view import TrajectoryView, prompt_key_of
@@ -59,6 +59,8 @@ class StaleRollout(LLMError):
     """The job's oldest turn is more weight versions behind the weights of its next turn than it may be
     (`max_staleness`, policy "end"): the turn is not sampled and the job ends with status `stale`."""
 
+    error_kind = ErrorKind.STALE_ROLLOUT
+
 
 def missing_turn_close(output_ids: list[int], turn_close: list[int]) -> list[int]:
     """The part of `turn_close` that `output_ids` does not already end with."""
@@ -76,6 +78,37 @@ def versioned_cache_salt(params: dict[str, Any], version: str | int | None) -> d
         return params
     salt = params.get("cache_salt")
     return {**params, "cache_salt": f"{salt}:w{version}" if salt else f"w{version}"}
+
+
+@dataclass(frozen=True)
+class SentCompletion:
+    """One answered completion call and the weight version of the backend it was sent to, read as it was sent
+    (updates happen only while no call is in flight, and a call aborted for one is sent again)."""
+
+    completion: Completion
+    weight_version: str | int | None
+
+
+def turn_record(sent: SentCompletion, backend: str, *, prompt_len: int, clock: CallClock, llm_s: float) -> TurnRecord:
+    """The record of a sampled turn: the call's output, the backend that answered it, and the weight version
+    it was sampled under (with the versions it was resumed under after keep pauses, and their spans)."""
+    completion, version, resumed = sent.completion, sent.weight_version, clock.resumed_under
+    return TurnRecord(
+        backend=backend,
+        weight_version=version,
+        resumed_under=resumed,
+        weight_spans=weight_spans(completion.weight_spans, version, resumed, len(completion.output_ids))
+        if resumed
+        else None,
+        finish_reason=completion.finish_reason,
+        stop_sequence=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
+        prompt_len=prompt_len,
+        output_ids=completion.output_ids,
+        logprobs=completion.logprobs,
+        text=completion.text,
+        llm_s=llm_s,
+        queue_s=clock.queue_s,
+    )
 
 
 def weight_spans(
@@ -242,7 +275,7 @@ class LLMSession:
         if self.dispatch is not None and self.dispatch.sends_priority:
             params.setdefault("priority", priority)  # the trainer's own priority is sent as it is
 
-        async def complete(backend: Backend) -> tuple[Completion, str | int | None]:
+        async def complete(backend: Backend) -> SentCompletion:
             # the weights this request was sent to: updates happen only while no call is in flight (the
             # weight-pause gate), and a call aborted for an update is sent again, reading the new version
             version = backend.weight_version
@@ -261,38 +294,23 @@ class LLMSession:
             )
             elapsed = time.monotonic() - started
             self.pool.observe_completion(backend, len(prompt), len(completion.output_ids), elapsed)
-            return completion, version
+            return SentCompletion(completion, version)
 
         if not self._finished:  # placement, or a move at a tool-call boundary (no call of the job is running)
             self.pool.before_completion(self.job_id, self.view)
         clock = CallClock()
         started = time.monotonic()
         try:
-            (completion, weight_version), backend = await self._failover.run(complete, priority, clock)
+            sent, backend = await self._failover.run(complete, priority, clock)
         except BaseException:
             self.telemetry.call_ended(self._llm_seconds(started, clock), clock.queue_s, answered=False)
             raise
         llm_s = self._llm_seconds(started, clock)
         self.telemetry.call_ended(llm_s, clock.queue_s, answered=True)
-        resumed = clock.resumed_under
-        if resumed:
-            self._check_staleness(resumed[-1], also=weight_version, kept=True)
-        turn = TurnRecord(
-            backend=backend.address,
-            weight_version=weight_version,
-            resumed_under=resumed,
-            weight_spans=weight_spans(completion.weight_spans, weight_version, resumed, len(completion.output_ids))
-            if resumed
-            else None,
-            finish_reason=completion.finish_reason,
-            stop_sequence=completion.stop_reason if isinstance(completion.stop_reason, str) else None,
-            prompt_len=len(prompt),
-            output_ids=completion.output_ids,
-            logprobs=completion.logprobs,
-            text=completion.text,
-            llm_s=llm_s,
-            queue_s=clock.queue_s,
-        )
+        if clock.resumed_under:
+            self._check_staleness(clock.resumed_under[-1], also=sent.weight_version, kept=True)
+        turn = turn_record(sent, backend.address, prompt_len=len(prompt), clock=clock, llm_s=llm_s)
+        completion = sent.completion
         self.tokens.append_sampled(
             completion.output_ids, completion.logprobs, turn, {"role": "assistant", "content": completion.text}
         )

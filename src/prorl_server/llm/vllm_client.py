@@ -1,8 +1,8 @@
 """Token-in/token-out client for vLLM's OpenAI-compatible HTTP server.
 
 Every answer is read as a stream and bounded by what the request asked for (`response_limits`), then
-checked against vLLM's response shapes (`vllm_protocol`). A backend that answers with too many bytes,
-malformed data, a server error, or nothing within the stall timeout fails like an unreachable one
+checked against vLLM's response shapes (`protocol.vllm`, read by `vllm_parsing`). A backend that answers
+with too many bytes, malformed data, a server error, or nothing within the stall timeout fails like an unreachable one
 (BackendUnavailable and its subclasses), so the caller can fail over.
 """
 
@@ -29,7 +29,7 @@ from prorl_server.llm.errors import (
     BackendUnavailable,
     LLMError,
 )
-from prorl_server.llm.vllm_protocol import (
+from prorl_server.llm.vllm_parsing import (
     Completion,
     ServedModel,
     parse_completion,
@@ -339,7 +339,10 @@ def _status_error(method: str, url: object, status: int, retry_after: str | None
             f"{method} {url}: HTTP {status}: {message}", status_code=status, retry_after_s=retry_after_s
         )
     return BackendRequestError(
-        f"{url} rejected the request: HTTP {status}: {message}", status, retry_after_s=retry_after_s
+        f"{url} rejected the request: HTTP {status}: {message}",
+        status,
+        retry_after_s=retry_after_s,
+        detail=f"HTTP {status}: {message}",
     )
 
 

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol, TypeVar
 
+from prorl_server.errors import ProrlError
 from prorl_server.threadsafe import try_call_in_loop
 
 T = TypeVar("T")
@@ -50,7 +51,7 @@ class PauseClock(Protocol):
     def release(self) -> None: ...
 
 
-class DispatchAborted(Exception):
+class DispatchAborted(ProrlError):
     """The call was aborted by a weight-update pause; send it again once the gate is open."""
 
 
@@ -176,6 +177,7 @@ class WeightPauseGate:
         self._lock = threading.Lock()
         self._paused = False
         self._mode: PauseMode | None = None
+        self._pauses = 0
         self._in_flight: set[Ticket] = set()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._idle_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -192,6 +194,12 @@ class WeightPauseGate:
         """The mode of the current pause, None while open."""
         with self._lock:
             return self._mode
+
+    @property
+    def pauses(self) -> int:
+        """How many pauses have begun (pausing a paused gate goes on with the same one): names the current one."""
+        with self._lock:
+            return self._pauses
 
     @property
     def in_flight(self) -> int:
@@ -261,7 +269,9 @@ class WeightPauseGate:
         the two modes (abort, then keep, then wait); an "abort" pause then aborts what is still in flight,
         kept calls included."""
         with self._lock:
-            self._paused = True
+            if not self._paused:
+                self._paused = True
+                self._pauses += 1
             if self._mode is None or _PRECEDENCE[mode] > _PRECEDENCE[self._mode]:
                 self._mode = mode
             if mode == "wait":

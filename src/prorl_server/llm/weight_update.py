@@ -6,7 +6,17 @@ whether a version may come next). `WeightUpdate` is what `POST /weights/update` 
 weights from a checkpoint directory and resets its prefix cache (vLLM's development endpoints,
 `llm/vllm_admin.py`); when one fails, the engines that did load it get their previous checkpoint back and
 the version stays as it was; then the version (and with `servers`, the backend set) is set on the pool.
-Refusals are `WeightUpdateConflict` (the router's 409) and `WeightReloadFailed` (its 502).
+While the same pause lasts, `POST /weights/rollback` undoes the last update (`WeightUpdate.rollback`): the
+engines that reloaded get their previous checkpoint back, and the backend set and version return to what
+they were. Where a pause is in that sequence is a `PauseStep`:
+
+    DISPATCHING ─pause─▶ PAUSED ─update─▶ UPDATED ─rollback─▶ ROLLED_BACK
+                                             ▲                     │
+                                             └──────update─────────┘
+    any step ─resume (the route, the lease, a swap's own)─▶ DISPATCHING
+
+Refusals are `WeightUpdateConflict` (the router's 409), `WeightReloadFailed` and `WeightRestoreFailed`
+(its 502).
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from prorl_server.llm.errors import LLMError
@@ -21,7 +33,7 @@ from prorl_server.llm.vllm_admin import Reloaded, reload_weights, restore_weight
 
 if TYPE_CHECKING:
     from prorl_server.llm.backend import Backend
-    from prorl_server.llm.backend_pool import BackendPool
+    from prorl_server.llm.backend_pool import BackendPool, PoolSnapshot
     from prorl_server.llm.engine_freeze import EngineFreeze
     from prorl_server.protocol import UpdateRequest
 
@@ -32,9 +44,41 @@ class WeightUpdateConflict(LLMError):
     """The update cannot happen now or with this version (not paused, calls in flight, a version that goes
     backwards, another reload under way, a resume meanwhile); nothing changed."""
 
+    http_status = 409
+
 
 class WeightReloadFailed(LLMError):
     """Some engines did not reload the checkpoint; the version is unchanged (and the others rolled back)."""
+
+    http_status = 502
+
+
+class WeightRestoreFailed(LLMError):
+    """A rollback set the version and the backends back, but some engines did not load their previous
+    checkpoint back (the message names them)."""
+
+    http_status = 502
+
+
+class PauseStep(StrEnum):
+    """Where the weight update sequence is (the module docstring draws the moves)."""
+
+    DISPATCHING = "dispatching"  # not paused
+    PAUSED = "paused"  # no update in this pause yet
+    UPDATED = "updated"  # its last update may be rolled back
+    ROLLED_BACK = "rolled_back"  # its last update was rolled back
+
+
+@dataclass(slots=True)
+class Undo:
+    """What one update changed, to undo it while its pause lasts (`WeightUpdate.rollback`)."""
+
+    pause: int  # the pause it happened in (`WeightPauseGate.pauses`)
+    version: str | int  # the version it set
+    before: PoolSnapshot  # the version and backends before it, their checkpoints included
+    reloaded: list[Reloaded]  # the engines that loaded its checkpoint
+    timeout_s: float  # its reload's, for loading the previous checkpoints back
+    rolled_back: bool = False
 
 
 class WeightVersions:
@@ -59,6 +103,16 @@ class WeightVersions:
             self._used.append(version)
             self.current = version
 
+    def unset(self, version: str | int, previous: str | int | None) -> None:
+        """Undo the last `set(version)` (a rollback): `version` is no longer used, so it may be set again,
+        and `previous` is current again."""
+        with self._lock:
+            for i in range(len(self._used) - 1, -1, -1):
+                if _same(self._used[i], version):
+                    del self._used[i]
+                    break
+            self.current = previous
+
     def distance(self, old: str | int, new: str | int) -> int | None:
         """How many versions `new` is ahead of `old` (negative when behind): their difference for two
         integers, else how far apart they are in the order versions were set or registered. None when
@@ -67,7 +121,7 @@ class WeightVersions:
             return int(new) - int(old)
         with self._lock:
             used = list(self._used)
-        positions = [next((i for i, v in enumerate(used) if type(v) is type(x) and v == x), None) for x in (old, new)]
+        positions = [next((i for i, v in enumerate(used) if _same(v, x)), None) for x in (old, new)]
         if None in positions:
             return None
         return positions[1] - positions[0]
@@ -106,6 +160,16 @@ class WeightUpdate:
         self.run = run
         self.lock = lock
         self.servers_changed = servers_changed
+        self.last: Undo | None = None  # the last update that went through, and how to undo it
+
+    def step(self) -> PauseStep:
+        """Where the sequence is now (no await in here: routes and the lease run on one loop)."""
+        gate, last = self.pool.gate, self.last
+        if not gate.paused:
+            return PauseStep.DISPATCHING
+        if last is None or last.pause != gate.pauses:
+            return PauseStep.PAUSED
+        return PauseStep.ROLLED_BACK if last.rolled_back else PauseStep.UPDATED
 
     def check_paused(self, what: str) -> None:
         """WeightUpdateConflict unless dispatching is paused and no call is in flight."""
@@ -124,23 +188,77 @@ class WeightUpdate:
 
     async def apply(self, body: UpdateRequest, what: str) -> None:
         """Without `reload`, set the version; with it, reload every engine first (WeightReloadFailed if one
-        fails), then check again that nothing was resumed meanwhile and set the version. One reload at a time
-        (WeightUpdateConflict otherwise)."""
-        if body.reload is None:
-            self._set(body)
-            return
+        fails), then check again that nothing was resumed meanwhile and set the version. One at a time while
+        engines reload (WeightUpdateConflict otherwise). What it changed is kept for `rollback`."""
         if self.lock.locked():
             raise WeightUpdateConflict("another weight update is reloading the engines; wait for its answer")
+        before, pause = self.pool.snapshot(), self.pool.gate.pauses
+        if body.reload is None:
+            self._set(body)
+            self.last = Undo(pause, body.version, before, [], 0.0)
+            return
         async with self.lock:
             loaded = await self._reload(body)
             gate = self.pool.gate
-            if not gate.paused or gate.in_flight:
+            if not gate.paused or gate.in_flight or gate.pauses != pause:
                 raise WeightUpdateConflict(
                     f"LLM dispatching was resumed while {len(loaded)} engine(s) loaded {body.reload.path!r}; "
                     f"the weight version is unchanged: pause, then {what} again"
                 )
             for backend in self._set(body):
                 self.pool.notes(backend).weights_path = body.reload.path
+            self.last = Undo(pause, body.version, before, loaded, body.reload.timeout_s)
+
+    async def rollback(self) -> Undo:
+        """Undo the last update of the current pause: the engines that reloaded its checkpoint load their
+        previous one again (prefix caches reset, unless a keep pause froze them), then the backend set, each
+        backend's version and the current version go back to what they were, and the undone version may be
+        used again. WeightUpdateConflict when there is nothing to undo (nothing changed then);
+        WeightRestoreFailed naming the engines that did not load their previous checkpoint back (the
+        version and backends are back anyway)."""
+        undo = self.check_rollback()
+        async with self.lock:
+            undo.rolled_back = True  # before any await: a second rollback meanwhile is refused
+            previous = {r.address: self._checkpoint_before(undo, r.address) for r in undo.reloaded}
+            stuck = await self._roll_back(undo.reloaded, previous, undo.timeout_s) if undo.reloaded else []
+            if self.pool.restore(undo.before, undo.version):
+                self.servers_changed()
+            if undo.before.version is not None:
+                self.pool.gate.note_version(undo.before.version)  # kept calls go on under it
+        if stuck:
+            raise WeightRestoreFailed(
+                f"the weight version is back to {undo.before.version!r}, but {len(stuck)} of "
+                f"{len(undo.reloaded)} LLM backend(s) did not load their previous weights back: {_shown(stuck)}"
+            )
+        return undo
+
+    def check_rollback(self) -> Undo:
+        """The update `rollback` would undo; WeightUpdateConflict saying why there is none now."""
+        step = self.step()
+        if step is not PauseStep.UPDATED:
+            raise WeightUpdateConflict(self._nothing_to_undo(step))
+        self.check_paused("roll back")
+        if self.lock.locked():
+            raise WeightUpdateConflict("a weight update is reloading the engines; wait for its answer")
+        assert self.last is not None
+        return self.last
+
+    def _nothing_to_undo(self, step: PauseStep) -> str:
+        if step is PauseStep.DISPATCHING:
+            return "LLM dispatching is not paused: a rollback undoes an update of the current pause, before its resume"
+        if step is PauseStep.PAUSED:
+            return "no weight update in this pause to roll back (POST /weights/update first)"
+        assert self.last is not None
+        return (
+            f"the update to weight version {self.last.version!r} was rolled back already; the version is "
+            f"{self.pool.current_version!r}"
+        )
+
+    @staticmethod
+    def _checkpoint_before(undo: Undo, address: str) -> str | None:
+        """The checkpoint the engine at `address` held before `undo`'s update (None: the one it started with)."""
+        notes = undo.before.notes.get(address)
+        return notes.weights_path if notes is not None else None
 
     def _set(self, body: UpdateRequest) -> list[Backend]:
         """Check and set the version (no await in between: routes run on one loop, so this is atomic)."""
@@ -190,22 +308,26 @@ class WeightUpdate:
                 raise outcome
         failed = [str(o) for o in outcomes if isinstance(o, LLMError)]
         if failed:
-            rolled_back = await self._roll_back(loaded, previous, reload.timeout_s) if loaded else ""
+            rolled_back = ""
+            if loaded:
+                rolled_back = _rolled_back(loaded, await self._roll_back(loaded, previous, reload.timeout_s))
             raise WeightReloadFailed(
                 f"{len(failed)} of {len(addresses)} LLM backend(s) did not reload their weights, so the weight "
                 f"version is unchanged: {_shown(failed)}{rolled_back}"
             )
         return loaded
 
-    async def _roll_back(self, loaded: list[Reloaded], previous: dict[str, str | None], timeout_s: float) -> str:
-        """Give the engines in `loaded` their previous checkpoint back (prefix caches reset); a clause for the
-        failure's message."""
+    async def _roll_back(self, loaded: list[Reloaded], previous: dict[str, str | None], timeout_s: float) -> list[str]:
+        """Give the engines in `loaded` their previous checkpoint back (prefix caches reset, unless a keep
+        pause froze the engines: vLLM refuses that while frozen requests hold blocks); each engine that did
+        not load it back, with why."""
         pool = self.pool
         known = {b.address: b for b in pool.backends()}
+        reset = not self.engine_freeze.frozen
 
         async def restore_all() -> list[tuple[bool, str]]:
             calls = (
-                restore_weights(pool.client, r.address, previous[r.address], timeout_s, reset=True) for r in loaded
+                restore_weights(pool.client, r.address, previous[r.address], timeout_s, reset=reset) for r in loaded
             )
             return await asyncio.gather(*calls)
 
@@ -216,18 +338,24 @@ class WeightUpdate:
                 pool.notes(known[reloaded.address]).weights_path = previous[reloaded.address]
             elif not ok:
                 stuck.append(f"{reloaded.address}: {sentence}")
-        restored = len(loaded) - len(stuck)
-        clause = f"; the {len(loaded)} that did load it were rolled back"
-        if stuck:
-            clause += f" ({restored} to their previous weights; not: {_shown(stuck)})"
-        else:
-            clause += f" to their previous weights: {_shown([r.address for r in loaded])}"
-        return clause
+        return stuck
+
+
+def _rolled_back(loaded: list[Reloaded], stuck: list[str]) -> str:
+    """A clause for a failed reload's message: the engines that did load the checkpoint were rolled back."""
+    clause = f"; the {len(loaded)} that did load it were rolled back"
+    if stuck:
+        return clause + f" ({len(loaded) - len(stuck)} to their previous weights; not: {_shown(stuck)})"
+    return clause + f" to their previous weights: {_shown([r.address for r in loaded])}"
 
 
 def _shown(items: list[str]) -> str:
     more = len(items) - _SHOWN_FAILURES
     return " | ".join(items[:_SHOWN_FAILURES]) + (f" | and {more} more" if more > 0 else "")
+
+
+def _same(a: str | int, b: str | int) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def _is_int(value: object) -> bool:

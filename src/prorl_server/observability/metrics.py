@@ -21,10 +21,11 @@ from prometheus_client.registry import Collector
 
 from prorl_server.actions.model_services import ModelServiceSnapshot, ServiceState
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
+from prorl_server.observability.health import status_report
 from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
 from prorl_server.protocol import JobResult
 from prorl_server.protocol.stages import STAGES
-from prorl_server.tools.responses import RESPONSES
+from prorl_server.tool_server.responses import RESPONSES
 
 if TYPE_CHECKING:
     from prorl_server.actions import ActionScheduler, Distribution
@@ -108,6 +109,14 @@ class ServerMetrics:
             buckets=LLM_BUCKETS,
             registry=r,
         )
+        self.gateway_call_duration = Histogram(
+            "prorl_gateway_call_duration_seconds",
+            "Seconds of an answered gateway call, from its request read to its completion recorded (its backend "
+            "requests included), by API: chat, responses, anthropic.",
+            ["api"],
+            buckets=LLM_BUCKETS,
+            registry=r,
+        )
         self.llm_failures = Counter(
             "prorl_llm_request_failures",
             "Requests (completions and tokenizations) that failed at a backend.",
@@ -184,6 +193,10 @@ class ServerMetrics:
         """A group launched a refill for a member that failed with error type `reason`."""
         self.group_refills.labels(reason).inc()
 
+    def gateway_call(self, api: str, seconds: float) -> None:
+        """The gateway answered a call of `api` (chat, responses, anthropic)."""
+        self.gateway_call_duration.labels(api).observe(seconds)
+
     def completion(self, backend: str, prompt_tokens: int, output_tokens: int, seconds: float) -> None:
         """A backend answered a completion request."""
         self.llm_duration.labels(backend).observe(seconds)
@@ -239,7 +252,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         orchestrator = self._orchestrator
-        status = orchestrator.status()
+        status = status_report(orchestrator)
         yield _gauge("prorl_pipeline_running", "1 while the pipeline accepts and runs jobs.", status.running)
         depth = GaugeMetricFamily("prorl_stage_queue_depth", "Jobs waiting in a stage's queue.", labels=["stage"])
         busy = GaugeMetricFamily("prorl_stage_busy_workers", "A stage's workers busy with a job.", labels=["stage"])

@@ -1,4 +1,5 @@
-"""The job pipeline: Job, PausableTimer, stage pools, the orchestrator and the result store."""
+"""The job pipeline: Job, PausableTimer, stage pools, admission, the stage runner, the outcome, the orchestrator
+and the result store."""
 
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting, SubmissionError
 from prorl_server.pipeline.groups import DuplicateGroup, Group, GroupRunner

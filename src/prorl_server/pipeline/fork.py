@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prorl_server.errors import PipelineError
 from prorl_server.handlers.context import JobContext, ReleaseCallback
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.manager import SandboxManager
@@ -37,7 +38,7 @@ from prorl_server.sandbox.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 
-class ForkStateError(TypeError):
+class ForkStateError(PipelineError, TypeError):
     """A forking handler's INIT left state that cannot be copied for the group's other members, started more
     than one sandbox, or started one with a gateway session."""
 

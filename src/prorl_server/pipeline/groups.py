@@ -37,13 +37,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from prorl_server.handlers.registry import HandlerLoadError, UnknownDataSource
+from prorl_server.pipeline.admission import FinishedJob, check_instance
 from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.redundancy import LengthHistory
 from prorl_server.pipeline.refill import refill_reason
-from prorl_server.pipeline.submission import FinishedJob, check_instance
 from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
 from prorl_server.protocol.groups import (
     GroupMember,
@@ -300,7 +300,9 @@ class GroupRunner:
         jobs: list[Job | FinishedJob] = []
         try:
             for index in range(launch):
-                jobs.append(self.orchestrator.submit(member_request(request, group_id, index), fork=fork))
+                jobs.append(
+                    self.orchestrator.admit(member_request(request, group_id, index), fork=fork, validate=False)
+                )
         except SubmissionError:
             for job in jobs:
                 self.orchestrator.cancel(job.id, f"group {group_id!r} could not be started")
@@ -416,7 +418,7 @@ class GroupRunner:
         replaced = group.jobs[index].id
         try:
             request = member_request(group.request, group.id, new_index)
-            job = self.orchestrator.submit(request, group.sampled_versions(), fork=group.fork)
+            job = self.orchestrator.admit(request, group.sampled_versions(), fork=group.fork, validate=False)
         except SubmissionError as exc:
             log.warning("group %s: member %s failed (%s) and cannot be refilled: %s", group.id, replaced, reason, exc)
             return None

@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prorl_server.errors import PipelineError
 from prorl_server.handlers import AgentHandler, JobContext
 from prorl_server.handlers.failure import cancel_requested, exception_message
 from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.protocol.stages import Stage
 
 
-class HandlerFault(Exception):
+class HandlerFault(PipelineError):
     """A handler method raised what `except Exception` does not catch: SystemExit, KeyboardInterrupt,
     GeneratorExit, a CancelledError nobody asked for, a BaseException of its own. Carried as an ordinary
     exception, it fails the job (the handler's exception hooks never see it) instead of unwinding the
@@ -144,7 +145,12 @@ def parse_eval_outcome(value: Any) -> tuple[float, dict[str, Any]]:
         reward = float(reward)
     if not isinstance(reward, int | float):
         raise TypeError(f"eval() must return a float reward or a dict with 'reward', got {type(reward).__name__}")
-    reward = float(reward)
+    try:
+        reward = float(reward)
+    except OverflowError:  # an int beyond a float's range (its digits alone may be too many to print)
+        raise ValueError(
+            f"eval() returned a reward too large for a float (an int of {reward.bit_length()} bits)"
+        ) from None
     if not math.isfinite(reward):
         raise ValueError(f"eval() returned a non-finite reward ({reward})")
     return reward, details

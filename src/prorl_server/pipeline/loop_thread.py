@@ -50,6 +50,7 @@ class LoopThread:
 
     def _main(self) -> None:
         loop = new_event_loop()
+        loop.set_default_executor(ContainedExecutor())  # asyncio.to_thread in handler code runs on it
         asyncio.set_event_loop(loop)
         self.loop = loop
         loop.call_soon(self._ready.set)
@@ -117,6 +118,25 @@ class LoopThread:
             log.error("loop thread %s did not exit within %.1fs", self.name, timeout)
         self._thread = None
         self.loop = None
+
+
+class ContainedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loops' default executor (`asyncio.to_thread`, `run_in_executor(None, ...)`): a StopIteration
+    the function raises becomes a RuntimeError. As is, it cannot be set into the awaited asyncio future
+    (PEP 479), which then never resolves: the awaiting handler would hang until its job's budget ran out."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        return super().submit(_no_stop_iteration, fn, *args, **kwargs)
+
+
+def _no_stop_iteration(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except StopIteration as exc:
+        raise RuntimeError(
+            "a function run in a thread (asyncio.to_thread, run_in_executor) raised StopIteration, which cannot "
+            f"be raised into a Future: {exc!r}"
+        ) from exc
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

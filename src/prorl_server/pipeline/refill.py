@@ -10,19 +10,21 @@ work), went stale or was cancelled.
 
 from __future__ import annotations
 
+from prorl_server.llm import BackendProtocolError, BackendStalled, BackendUnavailable, NoBackendAvailable
 from prorl_server.protocol import ErrorKind, JobResult, JobStatus
+from prorl_server.sandbox import SandboxError
 
 INFRASTRUCTURE_ERRORS: frozenset[str] = frozenset(
     {
-        ErrorKind.SANDBOX_ERROR,  # the sandbox runtime could not start (or keep) the member's sandbox
-        ErrorKind.BACKEND_UNAVAILABLE,  # every LLM request of a call failed, past the failovers and the retry budget
-        ErrorKind.BACKEND_STALLED,  # the same, the last request having stalled
-        ErrorKind.BACKEND_PROTOCOL_ERROR,  # the same, the last answer having broken vLLM's protocol
-        ErrorKind.NO_BACKEND_AVAILABLE,  # no backend could take the call within the retry budget
+        SandboxError.error_kind,  # the sandbox runtime could not start (or keep) the member's sandbox
+        BackendUnavailable.error_kind,  # every LLM request of a call failed, past the failovers and the retry budget
+        BackendStalled.error_kind,  # the same, the last request having stalled
+        BackendProtocolError.error_kind,  # the same, the last answer having broken vLLM's protocol
+        NoBackendAvailable.error_kind,  # no backend could take the call within the retry budget
         ErrorKind.SERVER_RESTARTED,  # the server restarted on its journal while the member was in flight (journal.py)
     }
 )
-"""`error.type` of the failures a group refills."""
+"""`error.type` of the failures a group refills: the `error_kind` of the infrastructure's exceptions."""
 
 
 def refill_reason(result: JobResult) -> str | None:

@@ -13,7 +13,7 @@ from enum import StrEnum
 class ErrorKind(StrEnum):
     """Why a job ended without a result of its handler's, as `ErrorInfo.type`."""
 
-    # decided by the server (pipeline/orchestrator.py, journal/journal.py)
+    # decided by the server (pipeline/stage_runner.py, pipeline/outcome.py, journal/journal.py)
     TIMEOUT = "Timeout"  # the job's budget ran out in a stage, or final_result() did not return in time
     CANCELLED = "Cancelled"  # POST /cancel, or the job's group was cancelled or no longer needed it
     SERVER_STOPPED = "ServerStopped"  # POST /stop or SIGTERM while the job was live

@@ -1,4 +1,4 @@
-"""Weight-update schemas: pause dispatching, set the new version (and backends), resume."""
+"""Weight-update schemas: pause dispatching, set the new version (and backends), roll it back, resume."""
 
 from __future__ import annotations
 
@@ -135,6 +135,14 @@ class UpdateResponse(WeightsStatus):
     """Answer of `POST /weights/update`."""
 
     servers: list[LLMServerInfo]
+
+
+class RollbackResponse(WeightsStatus):
+    """Answer of `POST /weights/rollback`: `version` is the one before the update, again."""
+
+    rolled_back_from: WeightVersion = Field(description="The version the undone update had set (it may be set again).")
+    restored: list[str] = Field(description="The backends that loaded their previous checkpoint back.")
+    servers: list[LLMServerInfo] = Field(description="The backends, as they were before the update.")
 
 
 class SwapResponse(UpdateResponse):

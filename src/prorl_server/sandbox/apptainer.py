@@ -77,15 +77,17 @@ def find_apptainer() -> str | None:
 
 
 def stage_tool_packages(dest: Path) -> Path:
-    """Copy what `python3 -m prorl_server.tools` imports (prorl_server's __init__ and tools, ptyprocess) to dest."""
+    """Copy what `python3 -m prorl_server.tool_server` imports (prorl_server's __init__, errors and tool_server, ptyprocess)
+    to dest."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOOL_PACKAGES:
         shutil.rmtree(dest / name, ignore_errors=True)
     server = package_dir("prorl_server")
     (dest / "prorl_server").mkdir()
-    shutil.copy2(server / "__init__.py", dest / "prorl_server" / "__init__.py")
-    shutil.copytree(server / "tools", dest / "prorl_server" / "tools", ignore=ignore)
+    for module in ("__init__.py", "errors.py"):  # errors: the execution server's exceptions are ProrlErrors
+        shutil.copy2(server / module, dest / "prorl_server" / module)
+    shutil.copytree(server / "tool_server", dest / "prorl_server" / "tool_server", ignore=ignore)
     shutil.copytree(package_dir("ptyprocess"), dest / "ptyprocess", ignore=ignore)
     # The bytecode too: the copy is bound read-only, so without it every sandbox's Python compiles the execution
     # server from source at each start (20-35 ms of a start on 2 cores, 1.5 ms with it). Used by an image
@@ -256,7 +258,7 @@ class ApptainerRuntime(ProcessRuntime):
         """This owner's copy of the execution-server packages (made on first use; under /tmp so apptainer sees it)."""
         lib = self.base_dir / self.owner / "lib"
         with self._lib_lock:
-            if not (lib / "prorl_server" / "tools" / "__main__.py").exists():
+            if not (lib / "prorl_server" / "tool_server" / "__main__.py").exists():
                 stage_tool_packages(lib)
         return lib
 

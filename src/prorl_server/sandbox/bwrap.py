@@ -54,7 +54,7 @@ from prorl_server.sandbox.process_sandbox import (
 )
 from prorl_server.sandbox.snapshot import Snapshot
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
+from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Apptainer images from the Jinja2 definition templates in prorl_server/images/, cached as .sif files.
 
 A build renders a template (`python`, `swe`, or a path to a `.def.j2` file), stages the execution server
-(prorl_server.tools and ptyprocess) next to it and runs `apptainer build --fakeroot`. Cache modes:
+(prorl_server.tool_server and ptyprocess) next to it and runs `apptainer build --fakeroot`. Cache modes:
 
 - `scratch`: always rebuild.
 - `versioned`: reuse while the template, its variables, the base image's content and the prorl-server
@@ -39,6 +39,7 @@ import jinja2
 import jinja2.meta
 
 from prorl_server import __version__
+from prorl_server.errors import ImageError
 from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.private_dir import ensure_private_dir
@@ -57,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
 LOG_TAIL = 3000
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(ImageError, RuntimeError):
     """A template could not be rendered or built; the message says what to change. `log`: the failed build's
     full output, when apptainer ran."""
 

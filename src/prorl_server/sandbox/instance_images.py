@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prorl_server.errors import ImageError
 from prorl_server.sandbox.build_queue import BuildQueue
 from prorl_server.sandbox.dockerfile import Conversion, build_dockerfile, convert
 from prorl_server.sandbox.image_cache import ImageCache, ImageLease
@@ -30,7 +31,7 @@ from prorl_server.sandbox.images import DEFAULTS, BuiltImage, ImageBuilder, Imag
 LEASE_TRIES = 3  # builds of an image evicted by another process between its build and the lease
 
 
-class ImageSpecError(ValueError):
+class ImageSpecError(ImageError, ValueError):
     """An instance's image fields are malformed or name a file outside its dataset."""
 
 

@@ -50,7 +50,7 @@ ENV_BOOT = "PRORL_BOOT"  # BOOT_CODE's settings, a Python literal; removed from 
 # Runs with `python -I -S -c` (or `-I`) as a sandbox's first process: set the rlimits; run `pre` (Landlock and
 # seccomp, see confinement.py), closing any descriptor it was given first thing; with `user` (a sandbox
 # a root server started without a user namespace) give the writable mounts to that uid and become it, for
-# good (no capability survives the switch); then do what `python -m prorl_server.tools ARGV` does (without
+# good (no capability survives the switch); then do what `python -m prorl_server.tool_server ARGV` does (without
 # the runpy import, several ms), or idle. Standard library only and any Python 3: it runs with the
 # interpreter inside the sandbox.
 _BOOT_BODY = """\
@@ -69,7 +69,7 @@ if c["argv"] is None:
     while True: signal.pause()
 sys.path[:0] = c["path"]
 sys.argv = ["-m", *c["argv"]]
-from prorl_server.tools.__main__ import main
+from prorl_server.tool_server.__main__ import main
 sys.exit(main())
 """
 # The same source for every sandbox, settings in $PRORL_BOOT: a launcher can exec it before its spec is known.

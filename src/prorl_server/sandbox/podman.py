@@ -61,7 +61,7 @@ from prorl_server.sandbox.process_sandbox import (
     package_dir,
 )
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
+from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 if TYPE_CHECKING:
     from prorl_server.actions import Grant

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 
-from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
+from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 # The host uid and gid sandboxes run as when the server runs as root (nobody): never as host root, whose
 # writes to /proc/sys (kernel.core_pattern, say) would be a way out of any sandbox.

@@ -47,18 +47,18 @@ from prorl_server.sandbox.process import signal_group
 from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, MEMORY_SNAPSHOT_DIR, kill_tagged
 from prorl_server.sandbox.snapshot import Snapshot, new_snapshot_dir
 from prorl_server.sandbox.spec import SandboxSpec
-from prorl_server.tools.protocol import ENV_SANDBOX_ID, SOCKET_NAME
+from prorl_server.tool_server.protocol import ENV_SANDBOX_ID, SOCKET_NAME
 
 if TYPE_CHECKING:
     from prorl_server.actions import Grant
-    from prorl_server.tools.client import ToolClient
+    from prorl_server.tool_server.client import ToolClient
 
 log = logging.getLogger(__name__)
 
 LOG_TAIL = 2000  # characters of the top process's output quoted when a start fails
 LOG_READ_MAX = 1 << 20  # bytes read from that output per look, at most (a flood cannot hold the host)
 POLL_S = 0.001  # readiness poll interval per sandbox being started (so polling stays ~1000/s per runtime)
-TOOL_PACKAGES = ("prorl_server", "ptyprocess")  # what `python -m prorl_server.tools` imports
+TOOL_PACKAGES = ("prorl_server", "ptyprocess")  # what `python -m prorl_server.tool_server` imports
 
 
 def package_dir(name: str) -> Path:
@@ -269,7 +269,7 @@ async def wait_ready(
     The listening socket exists before the server does, so a ping waits in its backlog until the server
     accepts; the process and the deadline are checked meanwhile.
     """
-    from prorl_server.tools.client import ToolError
+    from prorl_server.tool_server.client import ToolError
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -354,7 +354,7 @@ class ProcessSandbox(Sandbox):
     def tools(self) -> ToolClient:
         """Client of the execution server inside (created on first use)."""
         if self._tools is None:
-            from prorl_server.tools.client import ToolClient
+            from prorl_server.tool_server.client import ToolClient
 
             self._tools = ToolClient(str(self.socket_path))
             if self.cpu is not None:

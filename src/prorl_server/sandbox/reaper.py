@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prorl_server.sandbox import cgroups, containers
 from prorl_server.sandbox.private_dir import user_dir
-from prorl_server.tools.protocol import ENV_OWNER, ENV_SANDBOX_ID
+from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""FastAPI routes of the simulator: vLLM's paths, field names and error shape over a `SimEngine`.
+"""The simulator's answers on vLLM's routes (`devllm.vllm_routes`): vLLM's field names and error shape over a `SimEngine`.
 
-The request models, checks, logprobs blocks and error bodies are the dev engine's (prorl_server.devllm);
+The request models are `protocol.vllm`'s; the checks, logprobs blocks and error bodies are the dev engine's (prorl_server.devllm);
 a completion also carries `sim`, the request's simulated times (`SimTiming`), which vLLM clients ignore.
 """
 
@@ -16,7 +16,15 @@ from fastapi.responses import Response
 
 from prorl_server.devllm.app import add_engine_basics, completion_logprobs, usage
 from prorl_server.devllm.keep_pause import add_keep_routes, spans
-from prorl_server.devllm.protocol import (
+from prorl_server.devllm.validation import (
+    check_completion_request,
+    check_prompt_ids,
+    fit_context,
+    sampling_params,
+)
+from prorl_server.devllm.vllm_routes import VLLMServing, add_vllm_routes
+from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
+from prorl_server.protocol.vllm import (
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
@@ -28,13 +36,6 @@ from prorl_server.devllm.protocol import (
     TokenizeResponse,
     random_id,
 )
-from prorl_server.devllm.validation import (
-    check_completion_request,
-    check_prompt_ids,
-    fit_context,
-    sampling_params,
-)
-from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
 from prorl_server.simllm.engine import SimEngine, SimTiming
 from prorl_server.simllm.metrics import sim_registry
 from prorl_server.testing.tokenizer_files import write_tokenizer_files
@@ -48,51 +49,37 @@ class SimCompletionResponse(CompletionResponse):
     sim: SimTiming
 
 
-def create_app(engine: SimEngine) -> FastAPI:
-    """The app serving `engine`; its lifespan runs the engine's step loop on the server's event loop."""
+class SimServing(VLLMServing):
+    """vLLM's routes (no chat) answered by a `SimEngine`."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        loop = asyncio.create_task(engine.run(), name="simllm-steps")
-        try:
-            yield
-        finally:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+    chats = False
 
-    app = FastAPI(title="prorl-server simulated LLM backend (vLLM protocol subset)", lifespan=lifespan)
-    app.state.engine = engine
-    tokenizer = engine.tokenizer
-    root = engine.settings.tokenizer_dir
-    if root is not None:
-        write_tokenizer_files(Path(root))
-    card = ModelCard(
-        id=engine.model_name, root=root or MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len
-    )
-    add_engine_basics(app, sim_registry(engine), card)
-    add_keep_routes(
-        app, pause=engine.pause, resume=engine.resume, is_paused=lambda: engine.paused, set_label=engine.set_label
-    )
+    def __init__(self, engine: SimEngine, card: ModelCard) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.card = card
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
-        engine.check_model(body.model)
+    async def tokenize(
+        self, body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
+    ) -> TokenizeResponse:
+        self.engine.check_model(body.model)
+        tokenizer = self.tokenizer
         if isinstance(body, TokenizeChatRequest):
-            text = tokenizer.render_chat(body.messages, add_generation_prompt=body.add_generation_prompt)
+            text = tokenizer.render_chat(
+                body.messages, add_generation_prompt=body.add_generation_prompt, tools=body.tools
+            )
         else:
             text = body.prompt
         ids = tokenizer.encode(text)
         strs = [tokenizer.token_str(i) for i in ids] if body.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids, token_strs=strs)
+        return TokenizeResponse(count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids, token_strs=strs)
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        engine.check_model(body.model)
-        return DetokenizeResponse(prompt=tokenizer.decode(body.tokens))
+    async def detokenize(self, body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+        self.engine.check_model(body.model)
+        return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens))
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> SimCompletionResponse | Response:
+    async def completion(self, body: CompletionRequest, request: Request) -> SimCompletionResponse | Response:
+        engine, tokenizer = self.engine, self.tokenizer
         engine.check_model(body.model)
         given = check_completion_request(body)
         from_text = isinstance(given, str)
@@ -124,4 +111,31 @@ def create_app(engine: SimEngine) -> FastAPI:
             id=request_id, model=engine.model_name, choices=[choice], usage=usage(gen), sim=timing
         )
 
+
+def create_app(engine: SimEngine) -> FastAPI:
+    """The app serving `engine`; its lifespan runs the engine's step loop on the server's event loop."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.create_task(engine.run(), name="simllm-steps")
+        try:
+            yield
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+
+    app = FastAPI(title="prorl-server simulated LLM backend (vLLM protocol subset)", lifespan=lifespan)
+    app.state.engine = engine
+    root = engine.settings.tokenizer_dir
+    if root is not None:
+        write_tokenizer_files(Path(root))
+    card = ModelCard(
+        id=engine.model_name, root=root or MODEL_ROOT, owned_by="prorl-simllm", max_model_len=engine.max_model_len
+    )
+    add_engine_basics(app, sim_registry(engine))
+    add_vllm_routes(app, SimServing(engine, card))
+    add_keep_routes(
+        app, pause=engine.pause, resume=engine.resume, is_paused=lambda: engine.paused, set_label=engine.set_label
+    )
     return app

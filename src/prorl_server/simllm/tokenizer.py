@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from prorl_server.devllm.errors import DevLLMRequestError
-from prorl_server.llm.local_tokenizer import without_claude_code_header
-from prorl_server.testing.scripted_backend import ToyChatTokenizer
+from prorl_server.llm.local_tokenizer import vllm_tool, without_claude_code_header
+from prorl_server.testing.toy_tokenizer import ToyChatTokenizer
 
 REPLACEMENT = "\ufffd"
 
@@ -44,10 +44,13 @@ class SimTokenizer:
         """Ids -> text; ids outside the vocabulary are skipped, as vLLM's detokenize does."""
         return "".join(self.token_str(i) for i in ids if 0 <= i < self.n_vocab)
 
-    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """ChatML text of a conversation (tools and template kwargs are not rendered; a system message's
-        Claude Code header line left out, as vLLM does); a 400 for messages that are not
-        `{"role": str, "content": str | null}`."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """ChatML text of a conversation, `tools` in the first system turn as the test double renders them
+        (template kwargs are not rendered; a system message's Claude Code header line left out, as vLLM
+        does); a 400 for messages that are not `{"role": str, "content": str | null}`, or for a tool that is
+        not a function with a name."""
         if not messages:
             raise DevLLMRequestError(
                 "Cannot apply chat template to an empty conversation. Provide at least one message."
@@ -58,4 +61,8 @@ class SimTokenizer:
                     "each message needs a string `role` and a string or null `content`", param="messages"
                 )
         prepared = [{**m, "content": without_claude_code_header(m["role"], m.get("content") or "")} for m in messages]
-        return self._toy.render(prepared, add_generation_prompt)
+        try:
+            schemas = [vllm_tool(t) for t in tools] if tools else None
+        except ValueError as exc:
+            raise DevLLMRequestError(str(exc), param="tools") from None
+        return self._toy.render(prepared, add_generation_prompt, schemas)

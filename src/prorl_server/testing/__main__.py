@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from prorl_server.testing.scripted_backend import ScriptedBackend, create_scripted_backend_app
+from prorl_server.testing.scripted_backend import MAX_MODEL_LEN, ScriptedBackend, create_scripted_backend_app
 from prorl_server.testing.tokenizer_files import write_tokenizer_files
 
 
@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
         help="write the double's tokenizer as Hugging Face files here (about 24 MB) and report it as the model's "
         "root, so a prorl-server tokenizes the chats itself",
     )
+    parser.add_argument(
+        "--max-model-len", type=int, default=MAX_MODEL_LEN, help="the context length advertised and enforced"
+    )
     args = parser.parse_args(argv)
     root = {}
     if args.tokenizer_dir is not None:
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         legacy_token_strings=args.legacy_token_strings,
         default_delay_s=args.delay,
         default_reply=args.default_reply,
+        max_model_len=args.max_model_len,
         **root,
     )
     uvicorn.run(create_scripted_backend_app(backend), host=args.host, port=args.port, log_level="warning")

@@ -6,147 +6,63 @@ disconnects mid-generation (as vLLM aborts the request then). Replies are queued
 contain a text or match a regex, or on a global queue; a completion nothing is queued for fails with HTTP 409
 unless the double was given a `default_reply`. `GET /script` shows the queues and the requests seen,
 `DELETE /script` empties them. Its tokenizer is a toy: ChatML specials are single ids, every other
-character is its code point + 10. It also serves OpenAI's `POST /v1/chat/completions` (an LLM judge's
+character is its code point + 10; its chat template renders `tools` into the system turn as Hermes/Qwen
+templates do. Like vLLM, it enforces its context length (`max_model_len`, 32,768 unless told): a prompt
+longer than it, a `max_tokens` above it or a prompt that leaves no room gets vLLM's 400, and `max_tokens`
+is cut to the room the prompt leaves. It also serves OpenAI's `POST /v1/chat/completions` (an LLM judge's
 protocol), answering from the same queues with the reply's text as the message. Told to (`inject`), it
 misbehaves: hangs, fails, or answers malformed or oversized data (`misbehaving.py`; faults injected for
 `completions` apply to chat completions too). Run it standalone with `python -m prorl_server.testing`.
+
+This module holds the double's state and its control routes (`/script`, `/requests`, vLLM's weight-update
+routes); vLLM's routes are the engines' skeleton (`devllm.vllm_routes`) filled by `scripted_serving`, the
+script's pieces are in `scripts`, the tokenizer in `toy_tokenizer`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import re
 import threading
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from prorl_server.llm.local_tokenizer import without_claude_code_header
-from prorl_server.llm.vllm_client import JOB_ID_HEADER
-from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord, misbehave
+from prorl_server.devllm.vllm_routes import add_vllm_routes
+from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord
+from prorl_server.testing.scripted_serving import ScriptedServing, error_body
+from prorl_server.testing.scripts import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    MODEL_ROOT,
+    ContextRefused,
+    NoReplyQueued,
+    PromptScript,
+    Reply,
+    RequestRecord,
+    ScriptedReply,
+    as_reply,
+)
+from prorl_server.testing.toy_tokenizer import ToyChatTokenizer
 
-MODEL_NAME = "scripted-test-double"
-MODEL_ROOT = "/scripted/model"  # the checkpoint `GET /v1/models` names as `root` (vLLM: the model it started with)
-
-
-class ToyChatTokenizer:
-    """Character tokenizer with a ChatML template; specials are single tokens."""
-
-    SPECIALS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    OFFSET = 10
-    VOCAB_SIZE = 0x110000 + OFFSET  # every code point has an id
-
-    def __init__(self) -> None:
-        self._by_id = {v: k for k, v in self.SPECIALS.items()}
-
-    @property
-    def eos_id(self) -> int:
-        """The end-of-turn token (`<|im_end|>`)."""
-        return self.SPECIALS["<|im_end|>"]
-
-    def encode(self, text: str) -> list[int]:
-        """Text -> ids, recognizing the special tokens."""
-        ids: list[int] = []
-        i = 0
-        while i < len(text):
-            for special, sid in self.SPECIALS.items():
-                if text.startswith(special, i):
-                    ids.append(sid)
-                    i += len(special)
-                    break
-            else:
-                ids.append(ord(text[i]) + self.OFFSET)
-                i += 1
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        """Ids -> text (specials rendered as their strings)."""
-        return "".join(self._by_id.get(i) or chr(i - self.OFFSET) for i in ids)
-
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        """ChatML rendering of a conversation."""
-        text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
-        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-
-class ScriptedReply(BaseModel):
-    """One scripted completion: `text` (tokenized, end-of-turn appended when `finish_reason` is "stop") or `ids`.
-
-    A `status_code` other than 200 answers that HTTP error instead (after `delay_s`).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str | None = Field(default=None, description="What the model says (ignored when `ids` is given).")
-    ids: list[int] | None = Field(default=None, description="The exact token ids to return, as they are.")
-    logprobs: list[float] | None = Field(default=None, description="One per id (default: -0.1 .. -0.7 cycling).")
-    finish_reason: str = Field(default="stop", description='"stop" (end-of-turn appended to `text`) or "length".')
-    stop_reason: str | None = Field(
-        default=None,
-        description="A stop string the reply ends on, as vLLM reports it (give `ids`: no end-of-turn is sampled); "
-        "the text sent ends before it, as vLLM's does.",
-    )
-    delay_s: float | None = Field(
-        default=None, ge=0, description="Seconds to 'generate' (default: the backend's default_delay_s)."
-    )
-    status_code: int = Field(default=200, description="200, or 400 to 599: answer this HTTP error instead.")
-
-    @field_validator("status_code")
-    @classmethod
-    def _an_answer_or_an_error(cls, status: int) -> int:
-        if status != 200 and not 400 <= status <= 599:
-            raise ValueError("status_code is 200 (a completion) or an error status, 400 to 599")
-        return status
-
-
-Reply = ScriptedReply | str
-"""A reply as tests write it: a plain string is `ScriptedReply(text=...)`."""
-
-
-def as_reply(reply: Reply) -> ScriptedReply:
-    """`reply` as a ScriptedReply."""
-    return ScriptedReply(text=reply) if isinstance(reply, str) else reply
-
-
-@dataclass
-class PromptScript:
-    """Replies for completions whose decoded prompt matches: contains `text`, or `regex` finds a match."""
-
-    text: str | None
-    regex: re.Pattern[str] | None
-    replies: collections.deque[ScriptedReply] = field(default_factory=collections.deque)
-
-    def matches(self, prompt: str) -> bool:
-        """Whether this script is for `prompt`."""
-        return self.text in prompt if self.regex is None else self.regex.search(prompt) is not None
-
-    def describe(self) -> str:
-        """How it matches, e.g. `prompt containing 'x'`."""
-        return f"prompt containing {self.text!r}" if self.regex is None else f"prompt matching /{self.regex.pattern}/"
-
-
-@dataclass
-class RequestRecord:
-    """What the double saw of one completion request, and which script answered it (`source`)."""
-
-    prompt: list[int]
-    params: dict[str, Any]
-    job_id: str | None = None  # from the X-Prorl-Job-Id header prorl-server sends
-    messages: list[dict[str, Any]] | None = None  # of a chat completion (its `prompt` is their ChatML rendering)
-    source: str = ""  # "job 'j'", "prompt containing 'x'", "global queue", "default reply" or "none"
-    outcome: str = "running"  # running | done | aborted | faulted (see fault_log) | unscripted
-    started: float = field(default_factory=time.monotonic)
-
-
-class NoReplyQueued(LookupError):
-    """A completion came in and no script had a reply for it (and there is no default reply)."""
+__all__ = [  # the double's names, wherever they are defined
+    "MAX_MODEL_LEN",
+    "MODEL_NAME",
+    "MODEL_ROOT",
+    "ContextRefused",
+    "NoReplyQueued",
+    "Reply",
+    "RequestRecord",
+    "ScriptPush",
+    "ScriptedBackend",
+    "ScriptedReply",
+    "ToyChatTokenizer",
+    "as_reply",
+    "create_scripted_backend_app",
+]
 
 
 class ScriptedBackend:
@@ -166,8 +82,10 @@ class ScriptedBackend:
         report_vocab_size: bool = False,
         default_reply: Reply | None = None,
         model_root: str = MODEL_ROOT,
+        max_model_len: int = MAX_MODEL_LEN,
     ) -> None:
         self.tokenizer = ToyChatTokenizer()
+        self.max_model_len = max_model_len  # advertised (GET /v1/models, /tokenize) and enforced, as vLLM's
         self.model_root = model_root  # `root` of GET /v1/models: a directory of tokenizer files, if one was written
         self.legacy_token_strings = legacy_token_strings
         self.default_delay_s = default_delay_s  # the delay of replies that set no delay_s
@@ -287,6 +205,34 @@ class ScriptedBackend:
                 "default_reply": self.default_reply.model_dump(exclude_none=True) if self.default_reply else None,
             }
 
+    def fit_context(self, prompt_len: int, requested: int | None, name: str = "max_tokens") -> int:
+        """The `max_tokens` vLLM uses for a prompt of `prompt_len` ids: `requested` (field `name`) cut to the
+        room the prompt leaves; ContextRefused, worded as vLLM's (and the dev engine's
+        `devllm.validation.fit_context`), when `requested` exceeds the context, the prompt is longer than
+        it, or it leaves no room."""
+        limit = self.max_model_len
+        if requested is not None and requested > limit:
+            raise ContextRefused(
+                f"{name}={requested} cannot be greater than max_model_len={limit}. Please request fewer output "
+                f"tokens. (parameter={name}, value={requested})",
+                name,
+            )
+        if prompt_len > limit:
+            raise ContextRefused(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. Please "
+                f"reduce the length of the input prompt. (parameter=input_tokens, value={prompt_len})",
+                "input_tokens",
+            )
+        room = limit - prompt_len
+        max_tokens = room if requested is None else min(requested, room)
+        if max_tokens < 1:
+            raise ContextRefused(
+                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
+        return max_tokens
+
     def delay_of(self, reply: ScriptedReply) -> float:
         """Seconds `reply` takes: its own delay_s, else the backend's default_delay_s."""
         return reply.delay_s if reply.delay_s is not None else self.default_delay_s
@@ -328,173 +274,9 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
     tok = backend.tokenizer
 
     def error(message: str, status: int = 400) -> JSONResponse:
-        err_type = "BadRequestError" if status < 500 else "InternalServerError"
-        return JSONResponse({"error": {"message": message, "type": err_type, "code": status}}, status_code=status)
+        return JSONResponse(error_body(message, status), status_code=status)
 
-    async def answer(endpoint: Endpoint, body: dict[str, Any], request: Request, **context: Any) -> Any:
-        record = backend.next_fault(endpoint)
-        if record is None:
-            return body
-        vocab = tok.VOCAB_SIZE if backend.report_vocab_size else None
-        return await misbehave(record.fault, endpoint, body, request, record, vocab_size=vocab, **context)
-
-    @app.get("/health")
-    async def health(request: Request) -> Any:
-        if not backend.healthy:
-            return JSONResponse({}, status_code=503)
-        return await answer(Endpoint.HEALTH, {}, request)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Any:
-        card: dict[str, Any] = {
-            "id": MODEL_NAME,
-            "object": "model",
-            "root": backend.model_root,
-            "max_model_len": 32768,
-        }
-        if backend.report_vocab_size:
-            card["meta"] = {"n_vocab": tok.VOCAB_SIZE}
-        return await answer(Endpoint.MODELS, {"object": "list", "data": [card]}, request)
-
-    @app.post("/tokenize")
-    async def tokenize(body: dict[str, Any], request: Request) -> Any:
-        if "messages" in body:
-            messages = [  # as vLLM prepares them (and the server's own tokenization does)
-                {**m, "content": without_claude_code_header(m.get("role"), m["content"])}
-                if isinstance(m.get("content"), str)
-                else m
-                for m in body["messages"]
-            ]
-            text = tok.render(messages, bool(body.get("add_generation_prompt", True)))
-        elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
-        else:
-            return error("tokenize needs 'prompt' (text) or 'messages'")
-        ids = tok.encode(text)
-        return await answer(
-            Endpoint.TOKENIZE, {"count": len(ids), "max_model_len": 32768, "tokens": ids, "token_strs": None}, request
-        )
-
-    @app.post("/detokenize")
-    async def detokenize(body: dict[str, Any], request: Request) -> Any:
-        text = tok.decode([int(t) for t in body.get("tokens", [])])
-        return await answer(Endpoint.DETOKENIZE, {"prompt": text}, request)
-
-    async def scripted_reply(record: RequestRecord, request: Request) -> ScriptedReply | JSONResponse:
-        """Log the request, take its reply and wait its delay; an error response instead when it fails."""
-        job_id = request.headers.get(JOB_ID_HEADER)
-        record.job_id = unquote(job_id) if job_id is not None else None
-        backend.requests.append(record)
-        backend.in_flight += 1
-        backend.max_in_flight = max(backend.max_in_flight, backend.in_flight)
-        try:
-            return await wait_reply(record, request)
-        finally:
-            backend.in_flight -= 1
-
-    async def wait_reply(record: RequestRecord, request: Request) -> ScriptedReply | JSONResponse:
-        try:
-            reply, record.source = backend.take(record.job_id, tok.decode(record.prompt))
-        except NoReplyQueued as exc:
-            record.source, record.outcome = "none", "unscripted"
-            return error(str(exc), 409)
-        deadline = time.monotonic() + backend.delay_of(reply)
-        while time.monotonic() < deadline:
-            if await request.is_disconnected():
-                record.outcome = "aborted"
-                return JSONResponse({}, status_code=499)
-            await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
-        if reply.status_code != 200:
-            record.outcome = "done"
-            return error(f"scripted backend: scripted failure {reply.status_code} ({record.source})", reply.status_code)
-        return reply
-
-    @app.post("/v1/completions")
-    async def completions(body: dict[str, Any], request: Request) -> Any:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            prompt = tok.encode(prompt)
-        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-            return error("prompt must be a string or a list of token ids")
-        record = RequestRecord(prompt=prompt, params={k: v for k, v in body.items() if k != "prompt"})
-        reply = await scripted_reply(record, request)
-        if not isinstance(reply, ScriptedReply):
-            return reply
-        ids, logprobs, finish = backend.materialize(reply, body.get("max_tokens"))
-        text = tok.decode([i for i in ids if i != tok.eos_id])
-        stop_reason = reply.stop_reason if finish == "stop" else None
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": text.removesuffix(stop_reason) if stop_reason is not None else text,
-            "finish_reason": finish,
-            "stop_reason": stop_reason,
-            "logprobs": None,
-        }
-        if body.get("logprobs") is not None:
-            tokens = [f"token_id:{i}" for i in ids] if backend.legacy_token_strings else [tok.decode([i]) for i in ids]
-            choice["logprobs"] = {
-                "tokens": tokens,
-                "token_logprobs": logprobs,
-                "top_logprobs": None,
-                "text_offset": list(range(len(ids))),
-            }
-        response: dict[str, Any] = {
-            "id": f"cmpl-{len(backend.requests)}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": MODEL_NAME,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(ids),
-                "total_tokens": len(prompt) + len(ids),
-            },
-        }
-        if body.get("return_token_ids") and not backend.legacy_token_strings:
-            choice["token_ids"] = ids
-            choice["prompt_token_ids"] = prompt
-        answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=body.get("max_tokens"))
-        record.outcome = "done" if answered is response else "faulted"  # a fault's fate is in fault_log
-        return answered
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: dict[str, Any], request: Request) -> Any:
-        messages = body.get("messages")
-        if not (isinstance(messages, list) and messages and all(_is_message(m) for m in messages)):
-            return error("messages must be a non-empty list of {'role': str, 'content': ...} objects")
-        record = RequestRecord(
-            prompt=tok.encode(tok.render(messages, add_generation_prompt=True)),
-            params={k: v for k, v in body.items() if k != "messages"},
-            messages=messages,
-        )
-        reply = await scripted_reply(record, request)
-        if not isinstance(reply, ScriptedReply):
-            return reply
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        ids, _, finish = backend.materialize(reply, max_tokens)
-        text = tok.decode([i for i in ids if i != tok.eos_id])
-        response: dict[str, Any] = {
-            "id": f"chatcmpl-{len(backend.requests)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": MODEL_NAME,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(record.prompt),
-                "completion_tokens": len(ids),
-                "total_tokens": len(record.prompt) + len(ids),
-            },
-        }
-        answered = await answer(Endpoint.COMPLETIONS, response, request, max_tokens=max_tokens)
-        record.outcome = "done" if answered is response else "faulted"
-        return answered
+    add_vllm_routes(app, ScriptedServing(backend))
 
     @app.post("/collective_rpc")
     async def collective_rpc(body: dict[str, Any]) -> Any:
@@ -553,10 +335,6 @@ def create_scripted_backend_app(backend: ScriptedBackend | None = None) -> FastA
         ]
 
     return app
-
-
-def _is_message(message: Any) -> bool:
-    return isinstance(message, dict) and isinstance(message.get("role"), str)
 
 
 def _seen(record: RequestRecord, tok: ToyChatTokenizer) -> dict[str, Any]:

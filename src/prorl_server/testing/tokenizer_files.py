@@ -4,7 +4,7 @@ prorl-server can tokenize their chats in the server.
 `write_tokenizer_files(directory)` writes `tokenizer.json` (a `tokenizers` BPE model without merges whose
 vocabulary is every character, at its code point + 10, with `<|endoftext|>`, `<|im_start|>` and
 `<|im_end|>` as special tokens 0, 1 and 2: the ids `ToyChatTokenizer.encode` gives), `chat_template.jinja`
-(its ChatML rendering) and `tokenizer_config.json`. The vocabulary has 1,112,064 entries: the file is
+(its ChatML rendering, `tools` in the first system turn) and `tokenizer_config.json`. The vocabulary has 1,112,064 entries: the file is
 about 24 MB, written in about 1.5 s, and a server holding it uses about 320 MB for it.
 """
 
@@ -17,15 +17,23 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, models
 
-from prorl_server.testing.scripted_backend import ToyChatTokenizer
+from prorl_server.testing.toy_tokenizer import TOOLS_EPILOGUE, TOOLS_PREAMBLE, ToyChatTokenizer
 
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    "{% set first = 1 if tools and messages and messages[0]['role'] == 'system' else 0 %}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if first %}{{ (messages[0]['content'] or '') + '\\n\\n' }}{% endif %}"
+    "{{ " + json.dumps(TOOLS_PREAMBLE) + " }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ " + json.dumps(TOOLS_EPILOGUE) + " + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% for message in messages[first:] %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""`ToyChatTokenizer.render`'s ChatML as a chat template."""
+"""`ToyChatTokenizer.render`'s ChatML (tools included) as a chat template."""
 
 
 def write_tokenizer_files(directory: Path) -> None:

@@ -1,10 +1,11 @@
 """Finished results as padded tensors a trainer computes its loss on.
 
-Each result's token stream is `prompt_ids + response_ids`, exactly as the engine saw and sampled it. The
-model predicts token `t + 1` from position `t`, so every per-token tensor here has one column fewer than
-`input_ids` and is indexed by the predicted token: `loss_mask[b, t]` is 1 only when token `t + 1` of row
-`b` was sampled by the model (`response_mask` 1), never on prompt, observation or padding tokens, and
-`rollout_logprobs[b, t]` is the engine's logprob of that token (0.0 elsewhere).
+Each row's token stream is `prompt_ids + response_ids` (a result's trajectory, or a segment of a chain of
+its gateway sessions), exactly as the engine saw and sampled it. The model predicts token `t + 1` from
+position `t`, so every per-token tensor here has one column fewer than `input_ids` and is indexed by the
+predicted token: `loss_mask[b, t]` is 1 only when token `t + 1` of row `b` was sampled by the model
+(`response_mask` 1), never on prompt, observation or padding tokens, and `rollout_logprobs[b, t]` is the
+engine's logprob of that token (0.0 elsewhere).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from prorl_server.protocol import JobResult
+from prorl_server.protocol import JobResult, Trajectory
+from prorl_server.training.chains import ChainChoice, chain_trajectories
 
 
 @dataclass(frozen=True)
@@ -71,34 +73,38 @@ def group_advantages(rewards: Sequence[float], *, scale: bool = True, eps: float
     return [(r - mean) / (std + eps) if scale else r - mean for r in rewards]
 
 
-def token_batch(results: Sequence[JobResult], advantages: Sequence[float], *, pad_id: int) -> TokenBatch:
-    """Pad `results` (each with a trajectory) into a TokenBatch; `advantages` has one value per result.
+def token_batch(
+    results: Sequence[JobResult], advantages: Sequence[float], *, pad_id: int, chain: ChainChoice | None = None
+) -> TokenBatch:
+    """Pad `results` into a TokenBatch; `advantages` has one value per result.
 
-    Raises ValueError for a result without response ids or whose mask and logprobs do not match its ids
-    (prorl-server never returns one; a hand-made result might)."""
+    Without `chain`, a row per result: its trajectory. With `chain` (`"reward"`, `"main"` or a chain id; see
+    `chain_trajectories`), a row per segment of that chain of the result's gateway sessions, each with the
+    result's advantage. Raises ValueError for a result without response ids or whose mask and logprobs do not
+    match its ids (prorl-server never returns one; a hand-made result might), or without the chain."""
     if len(results) != len(advantages):
         raise ValueError(f"{len(results)} results but {len(advantages)} advantages")
     if not results:
         raise ValueError("no results to batch")
-    streams: list[list[int]] = []
-    for result in results:
-        traj = result.trajectory
-        if not traj.prompt_ids or not traj.response_ids:
-            raise ValueError(f"result {result.job_id} has no prompt or response ids (status {result.status.value})")
-        if not len(traj.response_ids) == len(traj.response_mask) == len(traj.response_logprobs):
-            raise ValueError(
-                f"result {result.job_id}: response ids, mask and logprobs differ in length "
-                f"({len(traj.response_ids)}, {len(traj.response_mask)}, {len(traj.response_logprobs)})"
-            )
-        streams.append(traj.prompt_ids + traj.response_ids)
-    width = max(len(s) for s in streams)
-    rows = len(streams)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
-    loss_mask = torch.zeros((rows, width - 1), dtype=torch.float32)
-    rollout = torch.zeros((rows, width - 1), dtype=torch.float32)
-    for row, (result, stream) in enumerate(zip(results, streams, strict=True)):
-        traj = result.trajectory
+    rows: list[tuple[Trajectory, float]] = []
+    for result, advantage in zip(results, advantages, strict=True):
+        trajectories = [result.trajectory] if chain is None else chain_trajectories(result, chain)
+        for traj in trajectories:
+            if not traj.prompt_ids or not traj.response_ids:
+                raise ValueError(f"result {result.job_id} has no prompt or response ids (status {result.status.value})")
+            if not len(traj.response_ids) == len(traj.response_mask) == len(traj.response_logprobs):
+                raise ValueError(
+                    f"result {result.job_id}: response ids, mask and logprobs differ in length "
+                    f"({len(traj.response_ids)}, {len(traj.response_mask)}, {len(traj.response_logprobs)})"
+                )
+            rows.append((traj, advantage))
+    width = max(len(traj.prompt_ids) + len(traj.response_ids) for traj, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    rollout = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    for row, (traj, _) in enumerate(rows):
+        stream = traj.prompt_ids + traj.response_ids
         start = len(traj.prompt_ids) - 1  # the column predicting the first response token
         end = start + len(traj.response_ids)
         input_ids[row, : len(stream)] = torch.tensor(stream, dtype=torch.long)
@@ -110,5 +116,5 @@ def token_batch(results: Sequence[JobResult], advantages: Sequence[float], *, pa
         attention_mask=attention,
         loss_mask=loss_mask,
         rollout_logprobs=rollout,
-        advantages=torch.tensor(list(advantages), dtype=torch.float32),
+        advantages=torch.tensor([advantage for _, advantage in rows], dtype=torch.float32),
     )

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from prorl_server.client import RolloutServerError, SyncRolloutClient
+from prorl_server.errors import TrainerError
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(TrainerError, RuntimeError):
     """The engines could not load a checkpoint; they serve the previous weights under the previous version."""
 
 

@@ -7,13 +7,15 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from prorl_server.errors import LaunchError
+
 VLLM_VERSION = "0.32.0"
 HOME_ENV = "PRORL_VLLM_HOME"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
 SETUP_COMMAND = "bash scripts/setup-vllm.sh"
 
 
-class VllmNotInstalled(RuntimeError):
+class VllmNotInstalled(LaunchError, RuntimeError):
     """The vLLM environment or the converted model is missing; the message says how to make them."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from prorl_server.errors import LaunchError
 from prorl_server.vllm_cpu.install import VllmCpuInstall
 
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"  # the dev engine's model id, so handlers and tests see one name
@@ -107,7 +108,7 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-class VllmStartError(RuntimeError):
+class VllmStartError(LaunchError, RuntimeError):
     """vLLM exited or did not become healthy in time; the message ends with its log's last lines."""
 
 

@@ -18,7 +18,7 @@ from prorl_handlers.code.judge import judge
 from prorl_handlers.instances import parse_instance
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
-from prorl_server.tools.errors import FileMissing, IsADirectory
+from prorl_server.tool_server.errors import FileMissing, IsADirectory
 
 INSTRUCTIONS = (
     "Solve the programming problem with a Python 3 program that reads the input from stdin and writes the "

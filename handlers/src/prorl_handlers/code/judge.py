@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, TypeAdapter
 
 from prorl_server.sandbox import Sandbox
-from prorl_server.tools.errors import ToolError
+from prorl_server.tool_server.errors import ToolError
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.py")
 RUNNER_PATH, CONFIG_PATH, RESULTS_PATH = "/tmp/prorl_runner.py", "/tmp/prorl_inputs.json", "/tmp/prorl_results.json"

@@ -20,9 +20,12 @@ An instance names the command (the agent), the files to put in its sandbox, a ti
 - EVAL starts a fresh sandbox (the agent never touched it), writes the collected files and `score.files`,
   and runs `score.command`: with `reward: "exit_code"` the reward is 1.0 when it exits 0, else 0.0; with
   `"stdout"` it is the number on the last line of its standard output (0.0 if there is none, or it failed).
-- The session's recording, token-exact, is `artifacts["gateway"]`: one entry with `segments` (each with
-  `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and its turns), `rewrites`, `calls`;
-  a recording of one segment is also the result's `trajectory`.
+- The session's recording, token-exact, is `artifacts["gateway"]`: one entry with `chains` (each with its
+  `segments`, each with `prompt_ids`, `response_ids`, `response_mask`, `response_logprobs` and its turns),
+  `main_chain`, `reward_chains`, `segments` (all of them), `rewrites`, `calls`, `side_calls`; when the reward
+  chains are one chain of one segment, that segment is also the result's `trajectory`. The instance's
+  `session` (`model`, `accept_any_model`, `side_calls`, `reward_chains`) opens the session: e.g.
+  `"session": {"reward_chains": "agents"}` gives the reward to the main agent and its sub-agents alike.
 
 The sandbox is the server's default (`--image`); the command runs with that image's programs. Three example
 agents are here, each a loop over a `bash` tool written with an official SDK alone (nothing of prorl-server),
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_handlers.external_agent.handler import ExternalAgentHandler
-from prorl_handlers.external_agent.instance import ExternalAgentInstance, Score
+from prorl_handlers.external_agent.instance import ExternalAgentInstance, Score, SessionOptions
 
 EXAMPLE_AGENTS = {
     "chat": Path(__file__).parent / "react_agent.py",
@@ -69,4 +72,11 @@ def example_instance(task: str, score: dict[str, Any], agent: str = "chat", **fi
     }
 
 
-__all__ = ["EXAMPLE_AGENTS", "ExternalAgentHandler", "ExternalAgentInstance", "Score", "example_instance"]
+__all__ = [
+    "EXAMPLE_AGENTS",
+    "ExternalAgentHandler",
+    "ExternalAgentInstance",
+    "Score",
+    "SessionOptions",
+    "example_instance",
+]

@@ -8,10 +8,11 @@ import shlex
 from typing import Any
 
 from prorl_handlers.external_agent.instance import ExternalAgentInstance
+from prorl_handlers.harnesses.sandbox import harness_sandbox, session_defaults
 from prorl_handlers.instances import parse_instance
 from prorl_server import AgentHandler, JobContext
 from prorl_server.sandbox import Sandbox
-from prorl_server.tools.errors import FileSystemError
+from prorl_server.tool_server.errors import FileSystemError
 
 MAX_COLLECT_BYTES = 1 << 20  # per collected file
 OUTPUT_TAIL_CHARS = 4000
@@ -32,15 +33,32 @@ class ExternalAgentHandler(AgentHandler):
         """Open the job's gateway session, start a sandbox reaching it, put the files there, run the command
         within the time budget, and collect the files EVAL gets."""
         task: ExternalAgentInstance = ctx.state["task"]
-        access = await ctx.gateway_session()
-        sandbox = await ctx.start_sandbox(gateway=access)
+        options = task.session
+        naming = {"model": options.model, "accept_any_model": options.accept_any_model}
+        if task.harness is not None:  # the preset's, unless the instance says
+            chosen = {key: value for key, value in naming.items() if key in options.model_fields_set}
+            naming = {**session_defaults(task.harness), **chosen}
+        access = await ctx.gateway_session(
+            **naming,
+            side_calls=options.side_calls,
+            reward_chains=options.reward_chains,
+        )
+        setup = None
+        if task.harness is None:
+            sandbox, command = await ctx.start_sandbox(gateway=access), task.command or ""
+        else:
+            setup = harness_sandbox(task.harness, ctx.default_sandbox_spec, task.task or "", access, task.max_turns)
+            sandbox, command = await ctx.start_sandbox(setup.spec, gateway=access), setup.command
+            await setup.prepare(sandbox)
         await _put(sandbox, task.files)
-        done = await sandbox.bash(task.command, timeout=task.time_budget_s)
+        done = await sandbox.bash(command, timeout=task.time_budget_s)
         ctx.artifacts["agent"] = {
             "exit_code": done.exit_code,
             "timed_out": done.timed_out,
             "output": done.output[-OUTPUT_TAIL_CHARS:],
         }
+        if setup is not None:
+            ctx.artifacts["harness"] = await setup.report(sandbox)
         ctx.artifacts["files"], missing = await _collect(sandbox, task.collect)
         if missing:
             ctx.artifacts["missing_files"] = missing

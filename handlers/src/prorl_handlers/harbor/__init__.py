@@ -8,6 +8,7 @@ the agent that runs it::
     {"data_source": "harbor", "task": "count-lines", "agent": "oracle"}    # the task's solution/solve.sh
     {"data_source": "harbor", "task": "count-lines", "agent": "command",
      "command": "python3 /tmp/harbor-agent/agent.py \\"$HARBOR_INSTRUCTION\\"", "files": {"agent.py": "..."}}
+    {"data_source": "harbor", "task": "count-lines", "agent": "harness", "harness": "claude_code"}
 
 - At submission the task's name is checked (relative, inside the tasks directory), and its folder: the files
   it needs, task.toml against Harbor's schema, the Dockerfile's conversion; what is wrong is a 400 naming
@@ -19,7 +20,9 @@ the agent that runs it::
   change) with `[environment]` cpus, memory_mb and storage_mb as its limits and no network, and runs the
   agent within `[agent] timeout_sec`: the shared agent loop (bash, str_replace_editor, submit) with
   instruction.md as the user message; or `command` in bash with the instruction in $HARBOR_INSTRUCTION,
-  through the job's gateway session as `external_agent` does (`files` written under /tmp/harbor-agent); or
+  through the job's gateway session as `external_agent` does (`files` written under /tmp/harbor-agent); or a
+  harness preset on the instruction, through the session, with the job's `agent_config.max_turns` (30) as
+  its turn limit (`prorl_handlers.harnesses.sandbox`, as for `external_agent`); or
   `bash /solution/solve.sh` with the task's solution/ at /solution. The working directory is then packed.
 - EVAL starts a fresh sandbox of the same image, unpacks the agent's working directory into it, puts tests/
   at /tests and a writable /logs/verifier, and runs `bash /tests/test.sh` within `[verifier] timeout_sec`.

@@ -18,13 +18,14 @@ from typing import Any
 from prorl_handlers.harbor.image import TaskImage, build, conversion, unpack_command
 from prorl_handlers.harbor.instance import AGENT_DIR, HarborInstance
 from prorl_handlers.harbor.task import HarborTask, fingerprint, load_task, task_path
+from prorl_handlers.harnesses.sandbox import harness_sandbox, session_defaults
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
 from prorl_server.sandbox import Bind, Sandbox, SandboxLimits, SandboxSpec
 from prorl_server.sandbox.dockerfile import parse_mapping
 from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder
-from prorl_server.tools.errors import FileSystemError
-from prorl_server.tools.files import MAX_DOWNLOAD_BYTES
+from prorl_server.tool_server.errors import FileSystemError
+from prorl_server.tool_server.files import MAX_DOWNLOAD_BYTES
 
 ENV_TASKS_DIR = "PRORL_HARBOR_TASKS"
 ENV_BASE_MAP = "PRORL_HARBOR_BASE_MAP"
@@ -102,12 +103,19 @@ class HarborHandler(AgentHandler):
             env.update({"DEBIAN_FRONTEND": "noninteractive", **config.solution.env})
         elif request.agent == "command":
             env["HARBOR_INSTRUCTION"] = task.instruction
-        spec = _spec(task, image, env, binds)
-        if request.agent == "command":
+        spec, setup = _spec(task, image, env, binds), None
+        if request.agent == "harness":
+            access = await ctx.gateway_session(**session_defaults(str(request.harness)))
+            max_turns = int(ctx.agent_config.get("max_turns") or DEFAULT_MAX_TURNS)
+            setup = harness_sandbox(str(request.harness), spec, task.instruction, access, max_turns)
+            sandbox = await ctx.start_sandbox(setup.spec, gateway=access)
+        elif request.agent == "command":
             sandbox = await ctx.start_sandbox(spec, gateway=await ctx.gateway_session())
         else:
             sandbox = await ctx.start_sandbox(spec)
         await _bash(sandbox, unpack_command(image.workdir), "unpacking the working directory")
+        if setup is not None:
+            await setup.prepare(sandbox)
         timeout = config.agent.timeout_sec
         if request.agent == "loop":
             try:
@@ -118,13 +126,18 @@ class HarborHandler(AgentHandler):
         else:
             for path, text in request.files.items():
                 await sandbox.write_file(f"{AGENT_DIR}/{path}", text)
-            command = "bash /solution/solve.sh" if request.agent == "oracle" else request.command
-            done = await sandbox.bash(str(command), timeout=timeout, dop=(1, config.environment.cpus))
+            if setup is not None:
+                command = setup.command
+            else:
+                command = "bash /solution/solve.sh" if request.agent == "oracle" else str(request.command)
+            done = await sandbox.bash(command, timeout=timeout, dop=(1, config.environment.cpus))
             ctx.artifacts["agent"] = {
                 "exit_code": done.exit_code,
                 "timed_out": done.timed_out,
                 "output": done.output[-OUTPUT_TAIL_CHARS:],
             }
+            if setup is not None:
+                ctx.artifacts["harness"] = await setup.report(sandbox)
         ctx.state["workspace"] = await _snapshot(sandbox, image.workdir)
 
     async def eval(self, ctx: JobContext) -> dict[str, Any]:

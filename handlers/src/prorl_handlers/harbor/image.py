@@ -1,5 +1,5 @@
 """A task's image: environment/Dockerfile converted and built for Apptainer (cached), unpacked to a root
-directory that both Apptainer and bubblewrap run.
+directory that Apptainer, bubblewrap and Podman (`--rootfs`) run.
 
 Harbor's containers run as root, so an agent may change anything; a sandbox here runs as an unprivileged user,
 for whom the image's files (made by a root build) are read-only. So the build ends with one more step: the

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prorl_handlers.harbor.task import MAX_NAME_CHARS
+from prorl_handlers.harnesses import HARNESSES
 
 MAX_FILES = 256
 AGENT_DIR = "/tmp/harbor-agent"  # where `files` go: not the working directory, which the tests may list
@@ -21,11 +22,13 @@ class HarborInstance(BaseModel):
     task: str = Field(
         min_length=1, max_length=MAX_NAME_CHARS, description="The task folder, relative to the tasks directory."
     )
-    agent: Literal["loop", "command", "oracle"] = Field(
+    agent: Literal["loop", "command", "harness", "oracle"] = Field(
         default="loop",
         description="loop: the built-in agent loop (bash, editor, submit) with the instruction as the user "
-        "message; command: `command` through the job's gateway session; oracle: the task's solution/solve.sh.",
+        "message; command: `command` through the job's gateway session; harness: the preset `harness` on the "
+        "instruction, through the job's gateway session; oracle: the task's solution/solve.sh.",
     )
+    harness: str | None = Field(default=None, description="agent=harness: a harness preset (docs/harnesses.md).")
     command: str | None = Field(
         default=None, min_length=1, description="agent=command: a bash command, the instruction in $HARBOR_INSTRUCTION."
     )
@@ -34,9 +37,13 @@ class HarborInstance(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _command(self) -> HarborInstance:
+    def _agent_fields(self) -> HarborInstance:
         if (self.agent == "command") != (self.command is not None):
             raise ValueError("command is required with agent 'command' and only there")
+        if (self.agent == "harness") != (self.harness is not None):
+            raise ValueError("harness is required with agent 'harness' and only there")
+        if self.harness is not None and self.harness not in HARNESSES:
+            raise ValueError(f"unknown harness {self.harness!r} (known: {', '.join(HARNESSES)})")
         if self.files and self.agent != "command":
             raise ValueError("files are for agent 'command'")
         for path in self.files:

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from prorl_handlers.errors import BundledHandlerError
+
 NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # no "", ".", ".." and no hidden names
 MAX_NAME_CHARS = 256
 SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT])I?B?", re.IGNORECASE)
@@ -26,7 +28,7 @@ REQUIRED = ("task.toml", "instruction.md", "environment/Dockerfile", "tests/test
 SOLUTION = "solution/solve.sh"
 
 
-class TaskError(ValueError):
+class TaskError(BundledHandlerError, ValueError):
     """A task folder that cannot be used; the message names the file (and the field or line)."""
 
 

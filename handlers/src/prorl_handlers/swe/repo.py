@@ -12,6 +12,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from prorl_handlers.errors import BundledHandlerError
 from prorl_server.sandbox import Sandbox
 
 COMMIT_ENV = {
@@ -29,7 +30,7 @@ PATCH_FILE = "/tmp/prorl-swe-model.patch"
 GIT_TIMEOUT_S = 60.0
 
 
-class RepositoryError(RuntimeError):
+class RepositoryError(BundledHandlerError, RuntimeError):
     """A repository is missing, does not build to the instance's base_commit, or its diff failed."""
 
 

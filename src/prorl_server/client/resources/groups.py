@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from prorl_server.client.errors import RolloutServerError
 from prorl_server.client.resources.base import APIResource
 from prorl_server.protocol import GroupAccepted, GroupRequest, GroupResult, GroupStatus
 
@@ -29,14 +31,15 @@ class Groups(APIResource):
         client = self._client
         model = _with_group_id(request)
         body = model.model_dump(mode="json", exclude_none=True)
-        server = await client._place(server)
-        client._loads.sent[server] += model.expected_launch - 1  # the placement counted one job; a group is more
-        response = await client._conn(server).request("POST", "/groups", json=body, params={"wait": "false"})
+        server, response = await client._send_new(
+            server, "/groups", group_id=str(model.group_id), json=body, params={"wait": "false"}
+        )
         accepted = GroupAccepted.model_validate(response.json())
-        client._loads.sent[server] += len(accepted.job_ids) - model.expected_launch  # what the server launched
+        client._loads.sent[server] += len(accepted.job_ids) - 1  # the placement counted one job; a group is more
         client._group_owners[accepted.group_id] = server
         for job_id in accepted.job_ids:
             client._owners[job_id] = server
+        client._ledger.group_submitted(body, server, accepted.job_ids)
         return accepted.group_id
 
     async def get(self, group_id: str, *, wait: float = 0) -> GroupResult:
@@ -53,11 +56,19 @@ class Groups(APIResource):
     async def wait(self, group_id: str, timeout: float | None = None) -> GroupResult:
         """Long-poll `GET /groups/{group_id}` until the group is decided; return it. TimeoutError after
         `timeout` seconds."""
+        client = self._client
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = GROUP_POLL_S if deadline is None else min(GROUP_POLL_S, deadline - time.monotonic())
-            answer = await self.get(group_id, wait=max(0.0, left))
-            if answer.status is not GroupStatus.RUNNING:
+            try:
+                answer = await self.get(group_id, wait=max(0.0, left))
+            except RolloutServerError as exc:
+                if not client._failing_over(exc):
+                    raise
+                answer = None  # its server does not answer: the failover moves the group if it is lost
+                await asyncio.sleep(client._roster.policy.heartbeat_s)
+            if answer is not None and answer.status is not GroupStatus.RUNNING:
+                client._ledger.group_taken(group_id)
                 return answer
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"group {group_id} still running after {timeout} s")
@@ -65,6 +76,7 @@ class Groups(APIResource):
     async def cancel(self, group_id: str) -> GroupResult:
         """`DELETE /groups/{group_id}`: cancel the group's running members (idempotent); the group ends with
         the usable results it has, and its answer is returned (decided, unless a member is slow to stop)."""
+        self._client._ledger.group_taken(group_id)
         response = await self._client._on_group_owner(group_id, "DELETE", f"/groups/{group_id}")
         return GroupResult.model_validate(response.json())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from prorl_server.gateway.anthropic.protocol import ErrorDetail, ErrorResponse
-from prorl_server.gateway.errors import GatewayError
+from prorl_server.gateway.errors import ContextLengthExceeded, GatewayError
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -22,10 +22,12 @@ ERROR_TYPES = {
 
 def anthropic_error(error: GatewayError) -> tuple[int, ErrorResponse]:
     """A GatewayError's status and body in Anthropic's shape (the OpenAI `param`, if any, before the message)."""
-    status = error.status if error.status in ERROR_TYPES else 529
+    status = error.http_status if error.http_status in ERROR_TYPES else 529
     kind = ERROR_TYPES.get(status, "overloaded_error")
     message = error.body.error.message
-    if error.body.error.param:
+    if isinstance(error, ContextLengthExceeded):
+        message = error.anthropic_message
+    elif error.body.error.param:
         message = f"{error.body.error.param}: {message}"
     return status, ErrorResponse(error=ErrorDetail(type=kind, message=message))
 

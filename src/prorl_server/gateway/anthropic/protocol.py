@@ -2,17 +2,21 @@
 
 Requests are untrusted: names and lists are bounded, free-form JSON (tool inputs and schemas) is checked as
 a job's is, and unknown fields are ignored (`metadata`, `cache_control`, `citations`, ...) except those the
-gateway cannot honour, which `translate` refuses. A content block of another type (`image`, `document`,
-`thinking`, ...) fails validation, so it is refused with a 400.
+gateway cannot honour, which `translate` refuses. What a harness sends for a model with features this one
+lacks is accepted and ignored, as Anthropic's API does for a model without them: `thinking` (any of its
+three types), `thinking` and `redacted_thinking` blocks of an assistant turn sent back, tools of another
+type than a client tool (server tools such as `web_search_20250305`, dropped). A `system` turn among the
+messages is a system message in place. A content block of another type (`image`, `document`, ...) fails
+validation, so it is refused with a 400.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_STOP_STRINGS, MAX_TOOLS
+from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_STOP_STRINGS, MAX_TOOLS, usable_tools
 from prorl_server.protocol.bounded import TaskJson
 
 
@@ -43,8 +47,15 @@ class ToolResultBlock(_Lenient):
     is_error: bool = False
 
 
+class ThinkingBlock(_Lenient):
+    """A thinking block of an assistant turn sent back: never produced here, and dropped (as Anthropic drops
+    the thinking of earlier turns from the context)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
 UserBlock = Annotated[TextBlock | ToolResultBlock, Field(discriminator="type")]
-AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock | ThinkingBlock, Field(discriminator="type")]
 
 
 class UserTurn(_Lenient):
@@ -57,7 +68,14 @@ class AssistantTurn(_Lenient):
     content: str | list[AssistantBlock]
 
 
-Turn = Annotated[UserTurn | AssistantTurn, Field(discriminator="role")]
+class SystemTurn(_Lenient):
+    """A system message among the turns (Claude Code sends one mid-conversation)."""
+
+    role: Literal["system"]
+    content: str | list[TextBlock]
+
+
+Turn = Annotated[UserTurn | AssistantTurn | SystemTurn, Field(discriminator="role")]
 
 
 class Tool(_Lenient):
@@ -75,6 +93,13 @@ class ToolChoice(_Lenient):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingConfig(_Lenient):
+    """`thinking`: accepted and ignored (the policy has no separate thinking; no thinking block is answered)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
 class MessagesRequest(_Lenient):
     """`POST /sessions/{id}/v1/messages`: what the gateway reads of an Anthropic Messages request."""
 
@@ -89,10 +114,15 @@ class MessagesRequest(_Lenient):
     top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     stream: bool = False
-    thinking: TaskJson | None = None
+    thinking: ThinkingConfig | None = None
     mcp_servers: list[Any] | None = Field(default=None, max_length=MAX_TOOLS)
     output_format: TaskJson | None = None
     output_config: TaskJson | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _client_tools(cls, tools: Any) -> Any:
+        return usable_tools(tools, ("custom",))
 
 
 # answers -------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ async def messages(request: Request, session_id: str) -> Any:
 
         async def call() -> Any:
             async with session.call():
-                return await complete(session, chat)
+                return await complete(session, chat, "anthropic")
 
         recorded = await until_disconnected(request, call())
     except GatewayError as exc:

@@ -76,4 +76,4 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return out[:200]
 
 
-_TAGS = frozenset({"user", "assistant", "text", "tool_use", "tool_result"})
+_TAGS = frozenset({"user", "assistant", "system", "text", "tool_use", "tool_result", "thinking", "redacted_thinking"})

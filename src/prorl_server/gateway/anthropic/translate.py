@@ -4,9 +4,13 @@ The request side is a pure function of the request, so a harness that sends back
 (its text and `tool_use` blocks) followed by new turns maps to the previous call's chat messages, plus the
 reply the recorder returned, plus new messages: a continuation the recorder extends token-exact.
 
-- `system` is a system message; text blocks are joined with a newline (as vLLM joins text parts).
+- `system` is a system message; text blocks are joined with a newline (as vLLM joins text parts). A
+  `system` turn among the messages is a system message in the same place: ChatML, Hermes, Qwen and Llama 3
+  templates render a system turn anywhere, and keeping it in place keeps the conversation a prefix of the
+  next call's (merged into the first system message, it would rewrite the start at every such turn and
+  break the token-exact segment).
 - An assistant turn is one assistant message: its text is the content, its `tool_use` blocks the tool
-  calls, with the same ids and the input as JSON arguments.
+  calls, with the same ids and the input as JSON arguments; thinking blocks are dropped.
 - A user turn is one `tool` message per `tool_result` block (which must come first, and answer a
   `tool_use` of the assistant turn before), then a user message of its text, if any. A result with
   `is_error` reads `Error: ` before its text.
@@ -25,6 +29,7 @@ from prorl_server.gateway.anthropic.protocol import (
     MessagesRequest,
     MessageUsage,
     StopReason,
+    SystemTurn,
     TextBlock,
     TextOut,
     ToolResultBlock,
@@ -63,6 +68,9 @@ def chat_request(request: MessagesRequest) -> ChatCompletionRequest:
             message = _assistant(turn)
             open_calls = {call.id for call in message.tool_calls or ()}
             messages.append(message)
+        elif isinstance(turn, SystemTurn):
+            messages.append(SystemMessage(role="system", content=_text(turn.content)))
+            open_calls = set()
         else:
             messages.extend(_user(turn, i, open_calls))
             open_calls = set()
@@ -107,6 +115,8 @@ def message_of(request: MessagesRequest, call: RecordedCall) -> Message:
 
 
 def _refuse_unsupported(request: MessagesRequest) -> None:
+    if not any(isinstance(turn, UserTurn) for turn in request.messages):
+        raise bad_request("messages: at least one user turn is needed", param="messages")
     if isinstance(request.messages[-1], AssistantTurn):
         raise bad_request(
             "the last message is the assistant's: continuing a prefilled assistant turn is not supported (the "
@@ -125,8 +135,6 @@ def _refuse_unsupported(request: MessagesRequest) -> None:
             "tool_choice.disable_parallel_tool_use is not supported: the gateway does not constrain decoding",
             param="tool_choice.disable_parallel_tool_use",
         )
-    if request.thinking is not None and request.thinking.get("type") != "disabled":
-        raise bad_request("extended thinking is not supported", param="thinking")
     if request.mcp_servers:
         raise bad_request("MCP servers are not supported: give the harness's tools as `tools`", param="mcp_servers")
     if request.output_format is not None or (request.output_config or {}).get("format") is not None:

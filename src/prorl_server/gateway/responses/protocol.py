@@ -2,8 +2,11 @@
 the gateway answers with (the shapes of the `openai` SDK's `types/responses`).
 
 As in the chat protocol, requests are untrusted and bounded, unknown top-level fields and unknown fields
-of an item are ignored; what the gateway cannot honour (images and files, built-in tools, other item
-types, reasoning, structured output, ...) fails validation or `translate`'s checks with a 400.
+of an item are ignored. What harnesses always send for OpenAI's models and a model without those features
+lacks is accepted and ignored: `include` (nothing it names exists here), `reasoning` options, `text.verbosity`,
+`reasoning` input items, and tools of a type the policy cannot call (built-in tools, Codex's `namespace`
+tools), dropped. What the gateway cannot honour (images and files, other item types, structured output,
+...) fails validation or `translate`'s checks with a 400.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_TOOLS
+from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_TOOLS, usable_tools
 from prorl_server.protocol.bounded import TaskJson
 
 MAX_METADATA_KEYS = 16
+MAX_INCLUDES = 32
 
 
 class _Lenient(BaseModel):
@@ -58,6 +62,12 @@ class FunctionCallOutputItem(_Lenient):
     output: ItemContent
 
 
+class ReasoningItem(_Lenient):
+    """A reasoning item sent back (its summary and encrypted content): never produced here, and dropped."""
+
+    type: Literal["reasoning"]
+
+
 def _item_type(value: Any) -> str:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
     return kind if isinstance(kind, str) else ""
@@ -66,18 +76,20 @@ def _item_type(value: Any) -> str:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(
         _item_type,
         custom_error_type="unsupported_item",
-        custom_error_message="only items of type 'message', 'function_call' and 'function_call_output' are supported",
+        custom_error_message="only items of type 'message', 'function_call', 'function_call_output' and "
+        "'reasoning' are supported",
     ),
 ]
 
 
 class FunctionTool(_Lenient):
     """A function the model may call (`{"type": "function", "name", "description", "parameters", "strict"}`);
-    built-in tools (web_search, file_search, computer use, ...) are refused."""
+    tools of other types (web_search, file_search, local_shell, namespace, ...) are dropped before."""
 
     type: Literal["function"]
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
@@ -102,10 +114,13 @@ class ResponsesRequest(_Lenient):
     store: bool = True
     parallel_tool_calls: bool | None = None
     metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA_KEYS)] | None = None
-    # refused unless they ask for nothing (translate.refuse_unsupported)
+    # accepted and ignored: the policy's reasoning cannot be configured, and nothing `include` names exists here
     reasoning: TaskJson | None = None
+    include: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
+        default=None, max_length=MAX_INCLUDES
+    )
+    # refused unless they ask for nothing (translate.refuse_unsupported); `text.verbosity` is ignored
     text: TaskJson | None = None
-    include: list[str] | None = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     conversation: str | TaskJson | None = None
@@ -114,15 +129,8 @@ class ResponsesRequest(_Lenient):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _function_tools_only(cls, tools: Any) -> Any:
-        for i, tool in enumerate(tools if isinstance(tools, list) else ()):
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            if kind != "function":
-                raise ValueError(
-                    f"tools[{i}] is of type {str(kind)[:64]!r}: only 'function' tools are supported (the gateway "
-                    "runs no built-in tool such as web_search or file_search)"
-                )
-        return tools
+    def _callable_tools(cls, tools: Any) -> Any:
+        return usable_tools(tools, ("function",))
 
 
 # answers -------------------------------------------------------------------------------------------

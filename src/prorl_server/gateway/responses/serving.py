@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from prorl_server.gateway.errors import bad_request
+from prorl_server.gateway.errors import ContextLengthExceeded, bad_request
 from prorl_server.gateway.responses.protocol import (
     OutputFunctionCall,
     OutputItem,
@@ -32,7 +32,7 @@ from prorl_server.gateway.responses.translate import chat_request, refuse_unsupp
 from prorl_server.gateway.serving import complete, read_json_object
 from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
 
-_UNION_TAGS = frozenset({"str", "message", "function_call", "function_call_output"})
+_UNION_TAGS = frozenset({"str", "message", "function_call", "function_call_output", "reasoning"})
 
 
 async def read_responses_request(request: Request, limits: GatewayLimits) -> ResponsesRequest:
@@ -63,7 +63,10 @@ async def create_response(session: GatewaySession, request: ResponsesRequest, li
             )
         prior = remembered
     chat, conversation = chat_request(request, prior, limits.max_messages)
-    call = await complete(session, chat)
+    try:
+        call = await complete(session, chat, "responses")
+    except ContextLengthExceeded as exc:
+        raise exc.in_responses() from None
     response = response_object(request, call, created_at=int(time.time()))
     if request.store:
         session.responses.put(response.id, (*conversation, reply_message(call.reply)))

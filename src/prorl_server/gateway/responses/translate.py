@@ -8,7 +8,7 @@ same chat messages, the ones the recorder continues its segment with:
 - a string input -> a user message; a message item -> a message of its role (its text parts joined);
 - a `function_call` item -> a tool call (same `call_id`) of the assistant message right before it, or of a
   new assistant message when the message before is not the assistant's;
-- a `function_call_output` item -> a tool message answering that call;
+- a `function_call_output` item -> a tool message answering that call; a `reasoning` item -> nothing;
 - a reply -> a `message` item with its text (when it has text, or no calls), then a `function_call` item
   per call, whose `call_id` is the chat tool call's id.
 """
@@ -41,6 +41,7 @@ from prorl_server.gateway.responses.protocol import (
     IncompleteDetails,
     InputItem,
     ItemContent,
+    MessageItem,
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
@@ -53,21 +54,13 @@ from prorl_server.gateway.responses.store import Conversation
 
 
 def refuse_unsupported(request: ResponsesRequest) -> None:
-    """400 for what the gateway cannot honour: reasoning options, structured output or verbosity, extra
-    `include` data, background mode, automatic truncation, stored conversations and prompts, logprobs, a
-    `tool_choice` that would constrain decoding."""
-    reasoning = request.reasoning or {}
-    if reasoning.get("effort") not in (None, "none") or any(
-        reasoning.get(k) is not None for k in ("summary", "generate_summary")
-    ):
-        _refuse("reasoning options are not supported: the policy's reasoning cannot be configured", "reasoning")
+    """400 for what the gateway cannot honour: structured output, background mode, automatic truncation,
+    stored conversations and prompts, logprobs, a `tool_choice` that would constrain decoding. (`reasoning`,
+    `include` and `text.verbosity` are ignored, as for a model without them.)"""
     text = request.text or {}
     if text.get("format") not in (None, {"type": "text"}):
         _refuse("only text output is supported (no JSON schema or JSON mode)", "text.format")
-    if text.get("verbosity") is not None:
-        _refuse("verbosity is not supported", "text.verbosity")
     refused = {
-        "include": "extra output data (include) is not supported",
         "background": "background responses are not supported",
         "conversation": "conversations are not supported: continue with previous_response_id or resend the input",
         "prompt": "stored prompts are not supported",
@@ -95,6 +88,8 @@ def chat_request(
     conversation = (
         to_messages(items, prior) if items is not None else (*prior, UserMessage(role="user", content=request.input))
     )
+    if not conversation:
+        _refuse("the input holds no message, call or call output (reasoning items are dropped)", "input")
     system = [SystemMessage(role="system", content=request.instructions)] if request.instructions else []
     messages = [*system, *conversation]
     if len(messages) > max_messages:
@@ -146,7 +141,7 @@ def to_messages(items: Sequence[InputItem], prior: Conversation = ()) -> Convers
                     f"input[{i}].call_id",
                 )
             out.append(ToolMessage(role="tool", content=_text(item.output), tool_call_id=item.call_id))
-        else:
+        elif isinstance(item, MessageItem):
             text = _text(item.content)
             if item.role == "assistant":
                 out.append(AssistantMessage(role="assistant", content=text))

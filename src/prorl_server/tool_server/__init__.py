@@ -1,0 +1,1 @@
+"""In-sandbox execution server (standard library + ptyprocess; IPython optional) and its host client."""
