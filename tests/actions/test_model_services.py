@@ -113,13 +113,15 @@ async def _use_once(cache: ModelServiceCache, name: str, order: list[str] | None
 async def hold(cache: ModelServiceCache, name: str) -> tuple[asyncio.Task, asyncio.Event]:
     """A task executing on `name` (returned once it does) until the returned event is set."""
     release = asyncio.Event()
+    inside = asyncio.Event()  # not `executing == 1`: a use waiting for its restore counts as executing too
 
     async def use() -> None:
         async with cache.use(name):
+            inside.set()
             await release.wait()
 
     holder = asyncio.create_task(use())
-    await until(lambda: cache.snapshot().executing == 1)
+    await inside.wait()
     return holder, release
 
 

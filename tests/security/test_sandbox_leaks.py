@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,18 @@ def owner_processes(owner: str) -> list[int]:
     return [p.pid for p in tagged_processes() if p.owner == owner]
 
 
+def described(pids: list[int]) -> list[str]:
+    """Each PID with its command line (a leak's report says what leaked)."""
+    lines = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        lines.append(f"{pid}: {b' '.join(argv).decode(errors='replace')[:200]}")
+    return lines
+
+
 @pytest.mark.parametrize("prewarm", [0, 2])
 def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_server, backend, isolated, prewarm):
     if isolated.name != "bwrap" and prewarm:
@@ -101,7 +114,7 @@ def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_serve
     assert statuses <= {"timeout", "cancelled"}, statuses
     assert wait_until(lambda: manager.live == 0), f"{manager.live} sandboxes outlived their jobs"
     runtime.close()  # the waiting launchers (prewarm) are not sandboxes of jobs
-    assert wait_until(lambda: not owner_processes(isolated.owner)), owner_processes(isolated.owner)
+    assert wait_until(lambda: not owner_processes(isolated.owner)), described(owner_processes(isolated.owner))
     assert owner_containers(isolated.owner) == []  # podman's
     # Every worker thread gets out of ctx.wait: the call it was waiting on was cancelled.
     assert wait_until(lambda: handler.running == 0), f"{handler.running} run() calls still blocked"

@@ -32,6 +32,7 @@ is used: `probe()` tries podman's default OCI runtime, then runc, once per proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -60,6 +61,7 @@ from prorl_server.sandbox.process_sandbox import (
     Slot,
     package_dir,
 )
+from prorl_server.sandbox.reaper import kill_tagged
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
@@ -73,6 +75,7 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_FOUND = f"podman not found: install it (as root on Debian: `apt-get install podman runc`) or set {ENV_BINARY}"
 PIDFILE = "container.pid"  # in the slot's private directory: the container's first process, on the host
 PROBE_TIMEOUT_S = 60.0
+CLIENT_EXIT_S = 10.0  # for a SIGKILLed podman client to end, before its container is removed
 PODMAN_NPROC = 32768  # the RLIMIT_NPROC podman 4 gives itself as it starts (seen with 4.3.1 as root)
 # Moves the descriptors named in argv[1] (comma-separated) to 3, 4, ... and execs the rest: podman passes
 # descriptors 3..3+N-1 into the container (--preserve-fds N), and /bin/sh (dash) cannot name fds above 9.
@@ -112,8 +115,9 @@ def probe() -> tuple[tuple[str, ...], str | None]:
         candidates.append(("--runtime", "runc"))
     failures = []
     for options in candidates:
-        argv = [binary, *options, "run", "--rm", "--pull", "never", "--network", "none", "--cap-drop", "all"]
-        argv += ["--log-driver", "none"]
+        name = f"prorl-probe-{os.getpid()}-{len(failures)}"
+        argv = [binary, *options, "run", "--rm", "--name", name, "--pull", "never", "--network", "none"]
+        argv += ["--cap-drop", "all", "--log-driver", "none"]
         argv += [*ulimit_args(), "--rootfs", "/:O", "true"]
         try:
             done = subprocess.run(
@@ -121,6 +125,14 @@ def probe() -> tuple[tuple[str, ...], str | None]:
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             failures.append(f"{' '.join(options) or 'default runtime'}: {exc}")
+            if isinstance(exc, subprocess.TimeoutExpired):  # the killed client may have left its container
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(
+                        [binary, *options, "rm", "-f", "-t", "0", "--ignore", name],
+                        stdin=subprocess.DEVNULL,
+                        capture_output=True,
+                        timeout=REMOVE_TIMEOUT_S,
+                    )
             continue
         if done.returncode == 0:
             return options, None
@@ -157,9 +169,14 @@ class PodmanSandbox(ProcessSandbox):
             self._remove(container_name(self.id))
 
     def _kill_all(self) -> None:
-        """Remove the container (killing what runs in it), then as ProcessSandbox."""
-        self._remove_container()
+        """SIGKILL the podman client (as ProcessSandbox), wait for it to end, then remove the container and
+        kill what still carries this sandbox's id. In that order: a client stopped while it was still
+        creating the container would create it after a removal that found nothing."""
         super()._kill_all()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=CLIENT_EXIT_S)
+        self._remove_container()
+        kill_tagged(ENV_SANDBOX_ID, self.id)  # where podman rm failed: the processes at least
 
     def adopt(self, timeout_s: float) -> None:
         """Move the container's processes into the sandbox's cgroups (blocking; SandboxError if it fails)."""
@@ -175,12 +192,8 @@ class PodmanSandbox(ProcessSandbox):
             raise SandboxError(f"cannot move the container's processes into the sandbox's cgroups: {exc}") from exc
 
     async def _terminate(self) -> None:
-        """Remove the container; the podman client then exits (waited for up to the grace period)."""
-        await asyncio.to_thread(self._remove_container)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._grace_s
-        while loop.time() < deadline and self._popen.poll() is None:
-            await asyncio.sleep(0.005)
+        """Kill the client and remove the container (`podman rm -t 0` gives no grace period anyway)."""
+        await asyncio.to_thread(self._kill_all)
 
 
 class PodmanRuntime(ProcessRuntime):
