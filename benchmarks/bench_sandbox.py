@@ -165,7 +165,7 @@ async def part_start(
 def part_breakdown(owner: str, runs: int) -> dict[str, float]:
     """Where a bubblewrap start goes (see the module docstring)."""
     from prorl_server.sandbox.bwrap import BwrapRuntime
-    from prorl_server.sandbox.process_sandbox import host_python_path
+    from prorl_server.sandbox.slot import host_python_path
 
     runtime = BwrapRuntime(owner, prewarm=0)
     bwrap = median_ms([runtime._bwrap, *runtime.bwrap_args(SandboxSpec()), "--", "true"], runs)

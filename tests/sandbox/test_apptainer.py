@@ -26,8 +26,9 @@ from prorl_server.sandbox.apptainer import (
     find_apptainer,
     stage_tool_packages,
 )
-from prorl_server.sandbox.process_sandbox import ProcessSandbox, group_members
+from prorl_server.sandbox.process_sandbox import ProcessSandbox
 from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
+from prorl_server.sandbox.slot import group_members
 
 IMAGE = Path(os.environ.get("PRORL_APPTAINER_IMAGE", "/tmp/apptainer-test/images/py.sif"))
 SCRATCH = Path("/tmp/prorl-test-apptainer")  # bind sources must be where the apptainer wrapper sees them

@@ -45,15 +45,8 @@ from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, 
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.sandbox.process import sandbox_env, sandbox_user
-from prorl_server.sandbox.process_sandbox import (
-    TOOL_PACKAGES,
-    Command,
-    ProcessRuntime,
-    ProcessSandbox,
-    Slot,
-    package_dir,
-    server_args,
-)
+from prorl_server.sandbox.process_sandbox import ProcessRuntime, ProcessSandbox
+from prorl_server.sandbox.slot import TOOL_PACKAGES, Command, Slot, package_dir, server_args
 from prorl_server.sandbox.snapshot import Snapshot
 from prorl_server.sandbox.spec import SandboxSpec
 

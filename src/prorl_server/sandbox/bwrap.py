@@ -41,17 +41,8 @@ from prorl_server.sandbox.confinement import boot_source, seccomp_program
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, join_cgroups_argv, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.process import sandbox_env, sandbox_user, signal_group
-from prorl_server.sandbox.process_sandbox import (
-    TOOL_PACKAGES,
-    Command,
-    ProcessRuntime,
-    ProcessSandbox,
-    Slot,
-    host_python_path,
-    package_dir,
-    server_args,
-    spawn,
-)
+from prorl_server.sandbox.process_sandbox import ProcessRuntime, ProcessSandbox
+from prorl_server.sandbox.slot import TOOL_PACKAGES, Command, Slot, host_python_path, package_dir, server_args, spawn
 from prorl_server.sandbox.snapshot import Snapshot
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID

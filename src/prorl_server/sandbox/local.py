@@ -15,7 +15,8 @@ import sys
 from prorl_server.sandbox.limits import boot_code, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.process import sandbox_env
-from prorl_server.sandbox.process_sandbox import Command, ProcessRuntime, Slot, host_python_path, server_args
+from prorl_server.sandbox.process_sandbox import ProcessRuntime
+from prorl_server.sandbox.slot import Command, Slot, host_python_path, server_args
 from prorl_server.sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)

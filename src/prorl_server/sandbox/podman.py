@@ -53,15 +53,9 @@ from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, boot_settings, rlim
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.process import sandbox_env, sandbox_user
-from prorl_server.sandbox.process_sandbox import (
-    TOOL_PACKAGES,
-    Command,
-    ProcessRuntime,
-    ProcessSandbox,
-    Slot,
-    package_dir,
-)
+from prorl_server.sandbox.process_sandbox import ProcessRuntime, ProcessSandbox
 from prorl_server.sandbox.reaper import kill_tagged
+from prorl_server.sandbox.slot import TOOL_PACKAGES, Command, Slot, package_dir
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tool_server.protocol import ENV_OWNER, ENV_SANDBOX_ID
 
