@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_backend(sub)
     add_vllm(sub)
     add_slurm(sub)
+    add_eval(sub)
     return parser
 
 
@@ -92,6 +93,18 @@ def add_slurm(sub: argparse._SubParsersAction) -> None:
 
     slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register, cpus)")
     add_arguments(slurm)
+
+
+def add_eval(sub: argparse._SubParsersAction) -> None:
+    """The `eval` subcommand: pass@1, pass@k and mean reward of a task set on a server (prorl_server.evaluation)."""
+    from prorl_server.evaluation.cli import add_arguments
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="score a server's model on a JSONL task set, k samples each: pass@1, pass@k, mean reward",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(evaluate)
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
@@ -369,6 +382,10 @@ def main(argv: list[str] | None = None) -> None:
         from prorl_server.launch.slurm_cli import run_from_args as run_slurm
 
         run_slurm(args)
+    elif args.command == "eval":
+        from prorl_server.evaluation.cli import run_from_args as run_eval
+
+        run_eval(args)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ ProrlError
 │   └── WeightSyncError [RuntimeError] ................. training/weights.py
 ├── LaunchError * ...................................... entry points
 │   ├── DeploymentError [RuntimeError] ................. launch/slurm.py
+│   ├── EvalError ...................................... evaluation/errors.py
 │   ├── ProfilingError [RuntimeError] .................. backend_profiler.py
 │   ├── VllmNotInstalled [RuntimeError] ................ vllm_cpu/install.py
 │   └── VllmStartError [RuntimeError] .................. vllm_cpu/launcher.py

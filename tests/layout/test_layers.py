@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the HTTP API", {"api"}),
     ("the dev engine, the simulator and the test doubles", {"devllm", "simllm", "testing"}),
     ("the trainer's side", {"client", "training"}),
-    ("entry points", {"cli", "settings_cli", "launch", "prewarm", "backend_profiler"}),
+    ("entry points", {"cli", "settings_cli", "launch", "prewarm", "backend_profiler", "evaluation"}),
 ]
 """Lowest first. A unit imports units of its own layer or of lower ones; within a layer, no loop."""
 
