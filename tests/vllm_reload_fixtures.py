@@ -1,6 +1,7 @@
 """The real vLLM (CPU build) with its development endpoints (VLLM_SERVER_DEV_MODE=1), so weight updates can
 reload it from a checkpoint. Load with `pytest_plugins = ("vllm_reload_fixtures",)` and take `vllm`: one
-engine per test module, stopped by PID. It skips where vLLM is not set up (or cannot run), and with
+engine for the session (a start costs about 40 s), its starting weights loaded back after each module, stopped
+by PID at the end. It skips where vLLM is not set up (or cannot run), and with
 PRORL_REQUIRE_VLLM=1 (scripts/test.sh sets it where the setup succeeded) fails instead.
 """
 
@@ -39,10 +40,26 @@ class ReloadableVllm:
         assert answer.status_code == 200, answer.text
         return answer.json()["choices"][0]["text"]
 
+    def restore(self) -> None:
+        """Load the model it started with back and empty its prefix cache (a module may have left a trained
+        checkpoint in it)."""
+        body = {"method": "reload_weights", "kwargs": {"weights_path": self.model_dir}}
+        for path, payload in (("/collective_rpc", body), ("/reset_prefix_cache", None)):
+            answer = httpx.post(f"{self.url}{path}", json=payload, timeout=600, trust_env=False)
+            assert answer.status_code == 200, f"{path}: {answer.status_code} {answer.text}"
+
 
 @pytest.fixture(scope="module")
-def vllm() -> Iterator[ReloadableVllm]:
-    """The real vLLM with its development endpoints, for this module; stopped by PID."""
+def vllm(reloadable_vllm: ReloadableVllm) -> Iterator[ReloadableVllm]:
+    """The session's reloadable vLLM for one module (as a fresh engine was before), its starting weights
+    loaded back at the module's end."""
+    yield reloadable_vllm
+    reloadable_vllm.restore()
+
+
+@pytest.fixture(scope="session")
+def reloadable_vllm() -> Iterator[ReloadableVllm]:
+    """The real vLLM with its development endpoints, started once for the session; stopped by PID."""
     from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, VllmProcess, unsupported_reason
 
     install = VllmCpuInstall.default()
