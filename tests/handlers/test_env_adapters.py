@@ -4,6 +4,7 @@ failing its job cleanly."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -247,3 +248,12 @@ def test_an_instance_of_the_wrong_shape_is_refused_at_submission(env_server, ins
 
     assert response.status_code == 400
     assert field in response.json()["detail"]
+
+
+def test_without_skyrl_gym_installed_the_failure_says_how_to_install_it(monkeypatch):
+    from prorl_handlers.env_adapters import EnvAdapterError
+    from prorl_handlers.skyrl_gym.handler import make_env
+
+    monkeypatch.setitem(sys.modules, "skyrl_gym", None)  # `import skyrl_gym` raises ImportError
+    with pytest.raises(EnvAdapterError, match=r"pip install 'prorl-server\[environments\]'"):
+        make_env("gsm8k", {}, {})
