@@ -100,6 +100,10 @@ ProrlError
 │   ├── VllmNotInstalled [RuntimeError] ................ vllm_cpu/install.py
 │   └── VllmStartError [RuntimeError] .................. vllm_cpu/launcher.py
 └── BundledHandlerError ................................ prorl_handlers/errors.py: the bundled handlers
+    ├── EnvAdapterError ................................ prorl_handlers/env_adapters.py: skyrl-gym, verifiers
+    │   ├── UnknownEnvironment [LookupError]
+    │   ├── EnvironmentFailed
+    │   └── MalformedObservation [ValueError]
     ├── HarnessInstallError [RuntimeError] ............. prorl_handlers/harnesses/install.py
     ├── HarnessNotInstalled [LookupError] .............. prorl_handlers/harnesses/install.py
     ├── RepositoryError [RuntimeError] ................. prorl_handlers/swe/repo.py
