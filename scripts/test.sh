@@ -48,6 +48,8 @@ esac
 echo "==> harnesses"
 bash "$root/scripts/setup-harnesses.sh"
 export PRORL_REQUIRE_HARNESSES=1
+# verl (scripts/setup-verl.sh: about 6 minutes the first time) is not set up here, so
+# tests/training/test_verl_agent_loop.py skips unless it was installed before (PRORL_REQUIRE_VERL=1 to insist).
 cd "$root"
 echo "==> ruff"
 .venv/bin/ruff check src tests benchmarks examples handlers

@@ -92,7 +92,10 @@ ProrlError
 │   ├── RolloutServerError [RuntimeError] .............. client/errors.py
 │   │   └── ClusterUpdateFailed
 │   ├── _Failure ....................................... client/weight_sync.py
-│   └── WeightSyncError [RuntimeError] ................. training/weights.py
+│   ├── WeightSyncError [RuntimeError] ................. training/weights.py
+│   └── VerlRolloutError ............................... training/verl_errors.py: the verl agent loop
+│       ├── UnknownTaskSource [LookupError]
+│       └── RolloutFailed [RuntimeError]
 ├── LaunchError * ...................................... entry points
 │   ├── DeploymentError [RuntimeError] ................. launch/slurm.py
 │   ├── EvalError ...................................... evaluation/errors.py

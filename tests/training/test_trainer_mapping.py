@@ -12,7 +12,8 @@ GUIDE = DOCS / "trainers.md"
 
 
 def conversions() -> dict:
-    code = re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.DOTALL).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.DOTALL)
+    (code,) = [block for block in blocks if "def to_verl(" in block]
     namespace: dict = {}
     exec(compile(code, str(GUIDE), "exec"), namespace)
     return namespace
