@@ -3,6 +3,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" test
+# verl's own environment installs beside the steps below (pip spends most of its time downloading and unpacking)
+verl_log="$(mktemp -t prorl-setup-verl.XXXXXX)"
+setsid bash "$root/scripts/setup-verl.sh" >"$verl_log" 2>&1 &
+verl_pid=$!
+trap 'kill -- -"$verl_pid" 2>/dev/null || true' EXIT  # a step below failing stops it too (its process group)
 bash "$root/scripts/system-deps.sh"
 # where system-deps.sh can install chromium (root and apt-get), the dashboard test must run, not skip
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
@@ -48,8 +53,16 @@ esac
 echo "==> harnesses"
 bash "$root/scripts/setup-harnesses.sh"
 export PRORL_REQUIRE_HARNESSES=1
-# verl (scripts/setup-verl.sh: about 6 minutes the first time) is not set up here, so
-# tests/training/test_verl_agent_loop.py skips unless it was installed before (PRORL_REQUIRE_VERL=1 to insist).
+# verl 0.9.1 in an environment of its own, for tests/training/test_verl_agent_loop.py (about 6 minutes the first
+# time, seconds after; started beside the other set-up steps above, waited for here). It must run.
+echo "==> verl (its output: $verl_log)"
+if ! wait "$verl_pid"; then
+  echo "scripts/setup-verl.sh failed:" >&2
+  tail -30 "$verl_log" >&2
+  exit 1
+fi
+trap - EXIT
+export PRORL_REQUIRE_VERL=1
 cd "$root"
 echo "==> ruff"
 .venv/bin/ruff check src tests benchmarks examples handlers
