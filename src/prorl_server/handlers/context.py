@@ -7,8 +7,8 @@ import concurrent.futures
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -97,6 +97,7 @@ class JobContext:
     _finished: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _waits: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)  # ctx.wait in progress
+    _after_end: threading.local = field(default_factory=threading.local, repr=False)  # see `waits_after_end`
     _late_releases: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     _started: list[Sandbox] = field(default_factory=list, repr=False)  # every sandbox the job started, in order
     _gateway_started: bool = field(default=False, repr=False)  # one of them with gateway=
@@ -340,6 +341,9 @@ class JobContext:
             coro.close()
             raise RuntimeError("JobContext.wait() is for synchronous methods; in async methods use await")
         with self._lock:  # so that the end, marked in between, cannot miss it
+            if self._finished and not getattr(self._after_end, "allowed", False):
+                coro.close()  # a stage method still running after its job ended does no more work
+                raise JobFinished(f"job {self.job_id} has already ended; ctx.wait() was not run")
             future = run_in_loop(self._loop, coro)
             if not self._finished:  # a call made after the end (final_result) is not cancelled
                 self._waits.add(future)
@@ -354,6 +358,16 @@ class JobContext:
         finally:
             with self._lock:
                 self._waits.discard(future)
+
+    @contextmanager
+    def waits_after_end(self) -> Iterator[None]:
+        """The server's, around `final_result` in its worker thread: `ctx.wait` runs there although the job
+        has ended (anywhere else it then raises JobFinished)."""
+        self._after_end.allowed = True
+        try:
+            yield
+        finally:
+            self._after_end.allowed = False
 
     def _keep(self, callback: ReleaseCallback) -> bool:
         """Register `callback` for the next release; False (not registered) once the job has ended."""

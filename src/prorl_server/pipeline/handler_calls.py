@@ -8,6 +8,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prorl_server.errors import PipelineError
@@ -38,19 +39,21 @@ class HandlerMethod:
 
     `overridden`: the handler's class replaces AgentHandler's default. A default runs inline (they are
     cheap and synchronous); otherwise an `async def` is awaited and a plain one runs on the executor.
+    `runs_after_end`: it is called once the job has ended (`final_result`), so its `ctx.wait` calls run.
     """
 
     name: str
     fn: Callable[..., Any]
     is_async: bool
     overridden: bool
+    runs_after_end: bool = False
 
     @classmethod
-    def of(cls, handler: AgentHandler, name: str) -> HandlerMethod:
+    def of(cls, handler: AgentHandler, name: str, *, runs_after_end: bool = False) -> HandlerMethod:
         """Look up `handler.<name>`."""
         fn = getattr(handler, name)
         overridden = getattr(type(handler), name) is not getattr(AgentHandler, name)
-        return cls(name, fn, inspect.iscoroutinefunction(fn), overridden)
+        return cls(name, fn, inspect.iscoroutinefunction(fn), overridden, runs_after_end)
 
     async def call(self, ctx: JobContext, *args: Any, threads: HandlerThreads) -> Any:
         """Call the method with `ctx` and `args` (see the class docstring for where it runs).
@@ -63,7 +66,8 @@ class HandlerMethod:
         try:
             if self.is_async:
                 return await self.fn(ctx, *args)
-            ok, outcome = await threads.run(self.fn, ctx, *args, owner=ctx.job_id)
+            fn = partial(_after_end, self.fn) if self.runs_after_end else self.fn
+            ok, outcome = await threads.run(fn, ctx, *args, owner=ctx.job_id)
             if not ok:
                 if isinstance(outcome, StopIteration):  # it cannot travel through a coroutine (PEP 479)
                     raise HandlerFault(self.name, outcome)
@@ -79,6 +83,12 @@ class HandlerMethod:
             if isinstance(exc, GeneratorExit) and _current_task() is not task:
                 raise  # this coroutine is being closed (garbage-collected after its loop died): let it
             raise HandlerFault(self.name, exc) from exc
+
+
+def _after_end(fn: Callable[..., Any], ctx: JobContext, *args: Any) -> Any:
+    """Call `fn(ctx, *args)` in this worker thread with `ctx.wait` allowed although the job has ended."""
+    with ctx.waits_after_end():
+        return fn(ctx, *args)
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -104,7 +114,7 @@ class HandlerMethods:
             handler=handler,
             stages={stage: HandlerMethod.of(handler, stage.value) for stage in Stage},
             exception_hooks={stage: HandlerMethod.of(handler, stage.exception_hook) for stage in Stage},
-            final_result=HandlerMethod.of(handler, "final_result"),
+            final_result=HandlerMethod.of(handler, "final_result", runs_after_end=True),
         )
 
     def stage(self, stage: Stage) -> HandlerMethod:
