@@ -71,9 +71,10 @@ echo "==> ruff"
 # (the real vLLM, Podman, the Slurm clusters, the harness programs, image builds) on one worker each (see
 # tests/conftest.py): worth it on a machine with more cores. On 2 cores, 3 workers took as long as one process
 # (56 against 53 minutes) and starved the real vLLM's start past its 300 s.
+# The 25 slowest tests are listed at the end (where the suite's time goes; a later --durations wins).
 workers="${PRORL_TEST_WORKERS:-0}"
 echo "==> pytest ($workers workers)"
 if [ "$workers" = "0" ]; then
-  exec .venv/bin/python -m pytest "$@"
+  exec .venv/bin/python -m pytest --durations=25 "$@"
 fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@"

@@ -137,3 +137,46 @@ def test_a_timeout_releases_a_sync_stage_wait_as_fast_as_a_cancel(start_server, 
     assert handler.cancelled.wait(5)  # the awaited coroutine was cancelled
     assert ended(handler, 1) and isinstance(handler.ended[0], JobFinished)
     assert server.state.orchestrator.pools["run"].threads.stuck == 0
+
+
+class KeepsGoingHandler(AgentHandler):
+    """RUN, a plain def, ignores the end of its job (it sleeps through it) and then calls ctx.wait again; a
+    plain-def final_result waits on a coroutine too."""
+
+    name = "keeps_going"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []  # the coroutines that ran
+        self.after_end: list[BaseException] = []
+        self.done = threading.Event()
+
+    async def mark(self, name: str) -> str:
+        self.ran.append(name)
+        return name
+
+    def run(self, ctx: JobContext) -> None:
+        try:
+            time.sleep(1.0)  # the job times out meanwhile
+            ctx.wait(self.mark("run after the end"))
+        except JobFinished as exc:
+            self.after_end.append(exc)
+        finally:
+            self.done.set()
+
+    def eval(self, ctx: JobContext) -> float:
+        return 0.0
+
+    def final_result(self, ctx, result):
+        result.artifacts["final"] = ctx.wait(self.mark("final_result"))
+        return result
+
+
+def test_a_sync_stage_that_outlives_its_job_cannot_start_new_work_but_final_result_can(start_server, backend):
+    handler = KeepsGoingHandler()
+    server = start_server([backend.address], handlers={"keeps_going": handler})
+    body = {"instance": {"data_source": "keeps_going"}, "job_id": "late", "timeout": 0.2}
+    result = server.http.post("/process", json=body).json()
+    assert result["status"] == "timeout" and result["artifacts"]["final"] == "final_result"
+    assert handler.done.wait(10)
+    assert len(handler.after_end) == 1 and "has already ended" in str(handler.after_end[0])
+    assert handler.ran == ["final_result"]  # run()'s coroutine after the end never ran
