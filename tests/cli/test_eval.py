@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from handlers_for_tests import NoOpHandler, RaisingHandler
@@ -235,6 +238,56 @@ def test_mlflow_logs_params_metrics_and_the_table(start_server, backend, tmp_pat
     assert run.data.metrics["overall/pass_at_k"] == 1.0 and run.data.metrics["noop/mean_reward"] == 1.0
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"eval_table.txt", "eval_report.json"} <= artifacts
+
+
+def wandb_records(path: Path) -> Iterator[Any]:
+    """The records of an offline W&B run's `run-<id>.wandb` file, parsed with W&B's own protobuf schema. (The
+    file is a LevelDB-style log after a 7-byte header: 32 KiB blocks of chunks, each `crc32 length type`;
+    W&B 0.19+ ships no Python reader of it.)"""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32 * 1024
+    assert data[:4] == b":W&B", f"{path} is no W&B transaction log"
+    position, chunks = 7, []
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        chunks.append(data[position + 7 : position + 7 + length])
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or a record's last chunk
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(b"".join(chunks))
+            chunks = []
+            yield record
+
+
+def test_wandb_offline_logs_params_metrics_and_the_table(start_server, backend, tmp_path, capsys):
+    pytest.importorskip("wandb")
+    server = start_server([backend.address], handlers={"noop": NoOpHandler()})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"data_source": "noop"}])
+    runs = tmp_path / "wandb-runs"
+    argv = [str(tasks), "--server", server.url, "--k", "2", "--wandb-offline", str(runs), "--run-name", "smoke"]
+    code, _, err = run_eval(argv, capsys)
+    assert code == 0, err
+    (run_dir,) = (runs / "wandb").glob("offline-run-*")
+    run_id = run_dir.name.rsplit("-", 1)[1]
+    assert f"W&B offline run {run_id} in {runs}" in err
+    records = list(wandb_records(run_dir / f"run-{run_id}.wandb"))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == "smoke" and run.project == "prorl-eval"
+    config = {item.key: json.loads(item.value_json) for item in run.config.update if item.key != "_wandb"}
+    assert config == {"k": 2, "server": server.url, "tasks": str(tasks), "pass_threshold": 1.0}
+    history = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            history |= {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+            }
+    assert history["overall/pass_at_k"] == 1.0 and history["noop/mean_reward"] == 1.0
+    assert history["eval_table/_type"] == "table-file" and history["eval_table/nrows"] == 2  # noop, overall
+    assert (run_dir / "files" / "eval_table.txt").read_text().splitlines()[0].split()[0] == "source"
 
 
 def test_a_tracker_that_fails_is_one_line_after_the_table(start_server, backend, tmp_path, capsys):
