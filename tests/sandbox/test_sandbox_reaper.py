@@ -7,6 +7,7 @@ import os
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 from prorl_server.sandbox import new_owner_id, reap, reap_orphans
 from prorl_server.sandbox.containers import owner_containers
@@ -90,3 +91,50 @@ async def test_reap_on_stop_kills_what_the_own_sandboxes_left(any_runtime):
     killed = reap(owner=any_runtime.owner)  # the server stops without closing this sandbox
     assert {p.sandbox_id for p in killed} >= {sandbox.id}
     assert any_runtime.wait_until(lambda: not [p for p in tagged_processes() if p.sandbox_id == sandbox.id])
+
+
+def test_a_container_monitor_podman_lost_is_killed_with_its_children(tmp_path):
+    """A `podman run` client killed while it created its container can leave that container's conmon and its
+    `runc init` behind, unknown to `podman rm`: they are found by the container pidfile in conmon's argv
+    (under the owner's directory) and killed, children first. Here a bash named conmon, with a child, stands
+    in for them."""
+    import shutil
+    import time
+
+    from prorl_server.sandbox.containers import kill_monitors, mark, monitors
+    from prorl_server.sandbox.reaper import remove_owner_files
+
+    shutil.copy("/bin/bash", tmp_path / "conmon")
+    owner = new_owner_id()
+    base = tmp_path / "base"
+    base.mkdir()
+    mark(base / owner)
+    ours = base / owner / "sbx-1"
+    theirs = tmp_path / "other-owner" / "sbx-2"
+    argv = [str(tmp_path / "conmon"), "-c", "sleep 600 & wait", "-n", "prorl-sbx"]
+    mine = subprocess.Popen([*argv, "-p", str(ours / "container.pid")])
+    other = subprocess.Popen([*argv, "-p", str(theirs / "container.pid")])
+    try:
+        deadline = time.monotonic() + 10
+        while not all(monitors(d) for d in (ours, theirs)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert monitors(ours) == [mine.pid] and monitors(base / owner) == [mine.pid]
+        child = subprocess.run(["pgrep", "-P", str(mine.pid)], capture_output=True, text=True).stdout.split()
+        assert len(child) == 1  # its `sleep 600`, as a conmon's runc init
+        remove_owner_files(owner, base)  # the reaper's end of an owner: its monitors go with it
+        assert mine.wait(10) == -9 and not alive(int(child[0]))
+        assert other.poll() is None and monitors(theirs) == [other.pid]  # another owner's is left alone
+        assert kill_monitors(theirs) and other.wait(10) == -9
+    finally:
+        for process in (mine, other):
+            process.kill()
+            process.wait()
+
+
+def alive(pid: int) -> bool:
+    """`pid` runs (neither gone nor a zombie waiting for its reaper)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status

@@ -22,7 +22,7 @@ from prorl_server.llm import BackendPool, LLMSession, VLLMClient
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.protocol import Trajectory
 from prorl_server.sandbox import SandboxManager, make_runtime
-from prorl_server.sandbox.containers import owner_containers
+from prorl_server.sandbox.containers import monitors, owner_containers
 from prorl_server.sandbox.reaper import tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 
@@ -116,6 +116,7 @@ def test_sync_handlers_ended_during_their_sandbox_start_leak_nothing(start_serve
     runtime.close()  # the waiting launchers (prewarm) are not sandboxes of jobs
     assert wait_until(lambda: not owner_processes(isolated.owner)), described(owner_processes(isolated.owner))
     assert owner_containers(isolated.owner) == []  # podman's
+    assert monitors(runtime.base_dir / isolated.owner) == [], described(monitors(runtime.base_dir / isolated.owner))
     # Every worker thread gets out of ctx.wait: the call it was waiting on was cancelled.
     assert wait_until(lambda: handler.running == 0), f"{handler.running} run() calls still blocked"
     assert "returned" not in handler.ended

@@ -1,4 +1,5 @@
-"""Podman containers by owner label, for the reaper: which owners have some, and removing an owner's.
+"""Podman containers by owner label, for the reaper: which owners have some, and removing an owner's; and
+the container monitors (conmon) a container podman lost track of leaves behind.
 
 Kept apart from podman.py (the runtime) so the reaper can use it without importing the runtime. Every call
 is a no-op, without running podman, where podman is not installed. A podman call costs 50 ms and more, so the
@@ -8,8 +9,10 @@ looked for only where it is (`used`): the other runtimes' owners cost no podman 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -80,3 +83,59 @@ def remove_containers(owner: str) -> list[str]:
         except (OSError, subprocess.TimeoutExpired):
             return []
     return names
+
+
+def _argv(pid: int) -> list[str]:
+    """The command line of `pid` (empty if it is gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def monitors(directory: Path) -> list[int]:
+    """PIDs of the conmon processes whose container pidfile (`-p`) lies under `directory`: the sandbox's slot
+    directory, or an owner's private directory (podman writes it where `podman run --pidfile` said)."""
+    prefix = f"{str(directory).rstrip('/')}/"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        argv = _argv(int(name))
+        is_conmon = bool(argv) and os.path.basename(argv[0]) == "conmon" and "-p" in argv[:-1]
+        if is_conmon and argv[argv.index("-p") + 1].startswith(prefix):
+            found.append(int(name))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid`, from /proc."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    children: list[int] = []
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return children
+
+
+def kill_monitors(directory: Path) -> list[int]:
+    """SIGKILL the conmons of `monitors(directory)` and everything under them (the `runc init` of a container
+    that was being created when podman's client was killed: `podman rm` no longer knows it, and it waits
+    forever); returns the PIDs killed. The tree is listed first, then killed from the top: a conmon killed
+    first runs no exit command, and its children, listed already, are killed after it."""
+    killed = []
+    for monitor in monitors(directory):
+        tree, queue = [], [monitor]
+        while queue:
+            pid = queue.pop()
+            tree.append(pid)
+            queue += _children(pid)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from prorl_server.sandbox import cgroups
 from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.confinement import boot_source, seccomp_program
-from prorl_server.sandbox.containers import ENV_BINARY, LABEL, REMOVE_TIMEOUT_S, find_podman, mark
+from prorl_server.sandbox.containers import ENV_BINARY, LABEL, REMOVE_TIMEOUT_S, find_podman, kill_monitors, mark
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, boot_settings, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir
@@ -171,6 +171,7 @@ class PodmanSandbox(ProcessSandbox):
             self._popen.wait(timeout=CLIENT_EXIT_S)
         self._remove_container()
         kill_tagged(ENV_SANDBOX_ID, self.id)  # where podman rm failed: the processes at least
+        kill_monitors(self.slot.directory)  # a container podman lost while it was being created
 
     def adopt(self, timeout_s: float) -> None:
         """Move the container's processes into the sandbox's cgroups (blocking; SandboxError if it fails)."""

@@ -180,6 +180,7 @@ def remove_owner_files(owner: str, base_dir: Path = DEFAULT_BASE_DIR) -> None:
     and its private directories (in-memory snapshots too)."""
     if containers.used(base_dir / owner):
         containers.remove_containers(owner)
+        containers.kill_monitors(base_dir / owner)
     for directory in cgroups.owner_directories(cgroups.detect(warn=False, cpuset=True)).get(owner, []):
         with contextlib.suppress(OSError):
             leftover = cgroups.SandboxCgroup([d for d in directory.iterdir() if d.is_dir()])
