@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("scheduling and per-action resources", {"scheduling", "actions"}),
     ("configuration", {"config"}),
     ("runtimes: sandboxes and LLM backends", {"sandbox", "llm"}),
+    ("image building", {"imaging"}),
     ("the gateway", {"gateway"}),
     ("the handler API", {"handlers"}),
     ("the agent loop and the job pipeline", {"agent", "pipeline"}),
