@@ -38,7 +38,7 @@ from typing import Any, Literal
 import jinja2
 import jinja2.meta
 
-from prorl_server import __version__
+from prorl_server._version import __version__
 from prorl_server.errors import ImageError
 from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
 from prorl_server.sandbox.base import SandboxError
