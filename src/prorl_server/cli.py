@@ -19,7 +19,7 @@ from prorl_server.handlers import HandlerLoadError
 from prorl_server.journal import JournalError
 from prorl_server.llm.judge import JudgeConfigError
 from prorl_server.protocol.server import API_KEY_ENV
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:

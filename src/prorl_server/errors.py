@@ -7,7 +7,7 @@ defined here, the others in the module named beside them. tests/layout/test_erro
 exception class of src/prorl_server and handlers/src derives from ProrlError and is named in this tree.
 
 ProrlError
-├── SandboxError [RuntimeError] ........................ sandbox/base.py: could not start or use a sandbox
+├── SandboxError [RuntimeError] ........................ sandbox/errors.py: could not start or use a sandbox
 ├── LoopbackExhausted [RuntimeError] ................... sandbox/loopback.py
 ├── ImageError * ....................................... imaging/: building images
 │   ├── ImageBuildError [RuntimeError] ................. imaging/images.py

@@ -41,7 +41,7 @@ import jinja2.meta
 from prorl_server._version import __version__
 from prorl_server.errors import ImageError
 from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.private_dir import ensure_private_dir
 
 CacheMode = Literal["scratch", "versioned", "lock"]
