@@ -104,7 +104,7 @@ from prorl_server.api.app import create_app
 from prorl_server.api.state import ServerState
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import AgentHandler, HandlerRegistry, JobContext
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.simllm import SimLLMServer
 from prorl_server.testing.uvicorn_thread import UvicornThread
 

@@ -52,10 +52,10 @@ from bench_sandbox import BARE_APPTAINER, BARE_PODMAN, bare_podman_seconds
 from prorl_handlers.harbor.image import build as build_task_image
 from prorl_handlers.harbor.task import load_task
 
+from prorl_server.imaging import DEFAULTS, ImageBuilder
+from prorl_server.imaging.podman_images import build_dockerfile, import_rootfs
 from prorl_server.sandbox import Runtime, SandboxSpec, available, make_runtime, new_owner_id
 from prorl_server.sandbox.apptainer import bare_exec_seconds, find_apptainer
-from prorl_server.sandbox.images import DEFAULTS, ImageBuilder
-from prorl_server.sandbox.podman_images import build_dockerfile, import_rootfs
 from prorl_server.sandbox.reaper import reap, remove_owner_files
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ httpx or the handler machinery.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from prorl_server._version import __version__
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs milliseconds at startup
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ from prorl_server.handlers import HandlerLoadError
 from prorl_server.journal import JournalError
 from prorl_server.llm.judge import JudgeConfigError
 from prorl_server.protocol.server import API_KEY_ENV
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
-    from prorl_server.sandbox.images import BuiltImage, ImageBuilder
+    from prorl_server.imaging import BuiltImage, ImageBuilder
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,9 +108,9 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def add_build_image(sub: argparse._SubParsersAction) -> None:
-    """The `build-image` subcommand: an Apptainer image from a definition template (sandbox/images.py) or a
-    Dockerfile (sandbox/dockerfile.py)."""
-    from prorl_server.sandbox.images import CACHE_MODES, DEFAULTS, IMAGE_CACHE_DIR, TEMPLATES
+    """The `build-image` subcommand: an Apptainer image from a definition template (imaging/images.py) or a
+    Dockerfile (imaging/dockerfile.py)."""
+    from prorl_server.imaging import CACHE_MODES, DEFAULTS, IMAGE_CACHE_DIR, TEMPLATES
 
     build = sub.add_parser(
         "build-image",
@@ -172,7 +172,7 @@ def add_prewarm_images(sub: argparse._SubParsersAction) -> None:
 
 def build_image(args: argparse.Namespace) -> None:
     """Run `build-image`: print the image's path, or the cache key's inputs with --explain."""
-    from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
+    from prorl_server.imaging import ImageBuilder, ImageBuildError
 
     builder = ImageBuilder(cache_dir=args.cache_dir)
     try:
@@ -210,9 +210,8 @@ def print_built(image: BuiltImage, mode: str) -> None:
 
 def build_for_podman(args: argparse.Namespace) -> None:
     """`build-image --runtime podman`: a Dockerfile built, or a root directory imported, into podman's storage."""
-    from prorl_server.sandbox.dockerfile import parse_mapping
-    from prorl_server.sandbox.images import ImageBuildError
-    from prorl_server.sandbox.podman_images import build_dockerfile, import_rootfs
+    from prorl_server.imaging import ImageBuildError, parse_mapping
+    from prorl_server.imaging.podman_images import build_dockerfile, import_rootfs
 
     apptainer_only = {"a template": args.template, "--out": args.out, "--lockfile": args.lockfile}
     apptainer_only |= {"--package": args.package, "--no-ipython": args.no_ipython, "--explain": args.explain}
@@ -237,8 +236,7 @@ def build_for_podman(args: argparse.Namespace) -> None:
 
 def build_from_dockerfile(args: argparse.Namespace, builder: ImageBuilder) -> None:
     """`build-image --dockerfile`: convert, then print the key's inputs (--explain) or build; notes on stderr."""
-    from prorl_server.sandbox.dockerfile import build_dockerfile, convert, explain_dockerfile, parse_mapping
-    from prorl_server.sandbox.images import ImageBuildError
+    from prorl_server.imaging import ImageBuildError, build_dockerfile, convert, explain_dockerfile, parse_mapping
 
     template_only = {"a template": args.template, "--base": args.base, "--lockfile": args.lockfile}
     template_only |= {"--package": args.package, "--no-ipython": args.no_ipython}

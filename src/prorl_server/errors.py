@@ -7,12 +7,12 @@ defined here, the others in the module named beside them. tests/layout/test_erro
 exception class of src/prorl_server and handlers/src derives from ProrlError and is named in this tree.
 
 ProrlError
-├── SandboxError [RuntimeError] ........................ sandbox/base.py: could not start or use a sandbox
+├── SandboxError [RuntimeError] ........................ sandbox/errors.py: could not start or use a sandbox
 ├── LoopbackExhausted [RuntimeError] ................... sandbox/loopback.py
-├── ImageError * ....................................... sandbox images
-│   ├── ImageBuildError [RuntimeError] ................. sandbox/images.py
-│   │   └── DockerfileError ............................ sandbox/dockerfile.py
-│   └── ImageSpecError [ValueError] .................... sandbox/instance_images.py
+├── ImageError * ....................................... imaging/: building images
+│   ├── ImageBuildError [RuntimeError] ................. imaging/images.py
+│   │   └── DockerfileError ............................ imaging/dockerfile.py
+│   └── ImageSpecError [ValueError] .................... imaging/instance_images.py
 ├── ToolError .......................................... tool_server/errors.py: the tool client's
 │   └── _Typed
 │       ├── SandboxFailure

@@ -1,7 +1,7 @@
 """`prorl-server prewarm-images`: build the images of a dataset's instances ahead of training.
 
 Each line of the JSONL dataset is an instance; one that names a `dockerfile` (and maybe a `base_dockerfile`,
-paths relative to the dataset's directory, see `sandbox/instance_images.py`) has its image built, at most
+paths relative to the dataset's directory, see `imaging/instance_images.py`) has its image built, at most
 `--concurrency` at once, into the image cache, within `--cache-budget-gb`. A progress bar counts the images;
 the summary says how many were built, found cached and failed (with each failure's instances and reason),
 and the exit status is 1 when any failed.
@@ -18,11 +18,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.dockerfile import parse_mapping
-from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder, ImageBuildError
-from prorl_server.sandbox.instance_images import ImageSpec, ImageSpecError, InstanceImages
+from prorl_server.imaging import (
+    DEFAULTS,
+    IMAGE_CACHE_DIR,
+    BuildQueue,
+    ImageBuilder,
+    ImageBuildError,
+    ImageCache,
+    ImageSpec,
+    ImageSpecError,
+    InstanceImages,
+    parse_mapping,
+)
 
 GIB = 1 << 30
 

@@ -55,7 +55,7 @@ async def test_the_sandbox_example_of_the_sandbox_guide_runs(capsys):
 def test_the_harbor_guides_base_map_maps_the_common_debian_tags_and_the_rest_falls_back(tmp_path):
     """docs/harbor.md's PRORL_HARBOR_BASE_MAP, as written: the shipped tasks' FROM and its usual other tags
     build on the local base; a tag it does not list is a debootstrap, not an error."""
-    from prorl_server.sandbox.dockerfile import convert
+    from prorl_server.imaging import convert
 
     text = (DOCS / "harbor.md").read_text()
     base = tmp_path / "imgroot"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from prorl_server.sandbox.build_queue import BuildQueue
+from prorl_server.imaging import BuildQueue
 
 WAIT_S = 10.0
 

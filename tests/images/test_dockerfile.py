@@ -17,19 +17,18 @@ import pytest
 from repo_paths import REPO
 
 from prorl_server import cli
-from prorl_server.sandbox import SandboxSpec
-from prorl_server.sandbox.apptainer import ApptainerRuntime, find_apptainer
-from prorl_server.sandbox.dockerfile import (
-    BUILD_DIR,
-    TEMPLATE,
+from prorl_server.imaging import (
     Conversion,
     DockerfileError,
+    ImageBuilder,
+    ImageBuildError,
     build_dockerfile,
     convert,
     explain_dockerfile,
-    read_instructions,
 )
-from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
+from prorl_server.imaging.dockerfile import BUILD_DIR, TEMPLATE, read_instructions
+from prorl_server.sandbox import SandboxSpec
+from prorl_server.sandbox.apptainer import ApptainerRuntime, find_apptainer
 from prorl_server.sandbox.reaper import new_owner_id
 
 EXAMPLE = REPO / "images" / "example" / "Dockerfile"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from prorl_server.imaging import ImageCache
+from prorl_server.imaging.images import _locked
 from prorl_server.sandbox.apptainer import unpacked_path
-from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import _locked
 
 MIB = 1 << 20
 
@@ -68,7 +68,7 @@ def test_an_image_in_use_by_another_process_or_being_built_is_kept(tmp_path: Pat
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from prorl_server.sandbox.image_cache import "
+            "import sys; from pathlib import Path; from prorl_server.imaging.image_cache import "
             f"ImageCache; lease = ImageCache(Path({str(tmp_path)!r})).lease(Path({str(used)!r})); print('ready', flush=True); "
             "sys.stdin.readline()",
         ],

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from prorl_server import cli
+from prorl_server.imaging import TEMPLATES, ImageBuilder, ImageBuildError
+from prorl_server.imaging import images as images_module
 from prorl_server.sandbox import Sandbox, SandboxSpec
-from prorl_server.sandbox import images as images_module
 from prorl_server.sandbox.apptainer import ApptainerRuntime
-from prorl_server.sandbox.images import TEMPLATES, ImageBuilder, ImageBuildError
 from prorl_server.sandbox.reaper import new_owner_id
 
 TINY = """\

@@ -19,11 +19,16 @@ from prorl_handlers.swe import SWEHandler, load_instances
 from repo_paths import EXAMPLES
 
 from prorl_server import cli
+from prorl_server.imaging import (
+    DEFAULTS,
+    BuildQueue,
+    ImageBuilder,
+    ImageCache,
+    ImageSpec,
+    ImageSpecError,
+    InstanceImages,
+)
 from prorl_server.sandbox.apptainer import find_apptainer
-from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import DEFAULTS, ImageBuilder
-from prorl_server.sandbox.instance_images import ImageSpec, ImageSpecError, InstanceImages
 from prorl_server.sandbox.registry import unavailable_reason
 
 EXAMPLES = EXAMPLES / "swe-images"

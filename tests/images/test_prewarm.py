@@ -13,11 +13,16 @@ from pathlib import Path
 import pytest
 
 from prorl_server import cli
+from prorl_server.imaging import (
+    BuildQueue,
+    ImageBuilder,
+    ImageBuildError,
+    ImageCache,
+    ImageSpec,
+    InstanceImage,
+    InstanceImages,
+)
 from prorl_server.prewarm import prewarm
-from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import ImageBuilder, ImageBuildError
-from prorl_server.sandbox.instance_images import ImageSpec, InstanceImage, InstanceImages
 
 
 class InstanceImagesDouble(InstanceImages):

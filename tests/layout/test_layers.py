@@ -2,8 +2,9 @@
 
 Every import counts, read from the source with ast: at module level, inside functions, and under `if
 TYPE_CHECKING:`. A unit is a top-level subpackage (`gateway/`) or module (`config.py`) of src/prorl_server.
-The package root (`prorl_server/__init__.py`) is no unit: it holds `__version__` and names the public API,
-loaded on first use; `from prorl_server import JobContext` counts as an import of the unit that defines it.
+The package root (`prorl_server/__init__.py`) is no unit: it re-exports `__version__` and names the public
+API, loaded on first use; `from prorl_server import JobContext` counts as an import of the unit that defines it.
+Nor is `_version.py` (`__version__` alone, importing nothing): part of the root, any layer may import it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from repo_paths import REPO
 
 SRC = REPO / "src" / "prorl_server"
+ROOT_MODULES = {"__init__", "_version"}
+"""Modules of src/prorl_server that belong to the package root, not to a unit."""
 
 LAYERS: list[tuple[str, set[str]]] = [
     (
@@ -36,6 +39,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("scheduling and per-action resources", {"scheduling", "actions"}),
     ("configuration", {"config"}),
     ("runtimes: sandboxes and LLM backends", {"sandbox", "llm"}),
+    ("image building", {"imaging"}),
     ("the gateway", {"gateway"}),
     ("the handler API", {"handlers"}),
     ("the agent loop and the job pipeline", {"agent", "pipeline"}),
@@ -64,7 +68,7 @@ def _units() -> set[str]:
     return {
         p.stem if p.is_file() else p.name
         for p in SRC.iterdir()
-        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()
+        if (p.suffix == ".py" and p.stem not in ROOT_MODULES) or (p / "__init__.py").is_file()
     }
 
 
@@ -103,14 +107,14 @@ def _imports() -> list[Import]:
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC)
-        if rel.parts == ("__init__.py",):
+        if len(rel.parts) == 1 and rel.stem in ROOT_MODULES:
             continue
         source = rel.parts[0].removesuffix(".py")
         package = ["prorl_server", *rel.parts[:-1]]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for module in _imported_modules(node, package, exports):
                 parts = module.split(".")
-                if parts[0] != "prorl_server" or len(parts) < 2 or parts[1] == source:
+                if parts[0] != "prorl_server" or len(parts) < 2 or parts[1] in (source, *ROOT_MODULES):
                     continue
                 statement = ast.unparse(node)
                 found.append(Import(str(path.relative_to(SRC.parent)), node.lineno, statement, source, parts[1]))
@@ -176,6 +180,13 @@ def _find_loop(edges: dict[str, dict[str, Import]]) -> list[str] | None:
         if loop is not None:
             return loop
     return None
+
+
+def test_the_version_module_imports_nothing():
+    """Every layer may import `_version.py`, and pyproject.toml reads its `__version__` without running it."""
+    tree = ast.parse((SRC / "_version.py").read_text())
+    assert not [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not {p.stem for p in SRC.glob("_*.py")} - ROOT_MODULES, "a private module of the root not in ROOT_MODULES"
 
 
 def test_the_checks_see_every_kind_of_import():

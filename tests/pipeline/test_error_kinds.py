@@ -7,7 +7,7 @@ from prorl_server.llm.errors import BackendProtocolError, BackendStalled, Backen
 from prorl_server.llm.session import StaleRollout
 from prorl_server.pipeline.refill import INFRASTRUCTURE_ERRORS
 from prorl_server.protocol import ErrorInfo, ErrorKind, ErrorStage, Stage
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 
 
 def test_the_kinds_that_are_exceptions_are_named_as_their_classes():

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from prorl_server import cli
+from prorl_server.imaging import ImageBuildError
+from prorl_server.imaging.podman_images import build_dockerfile, import_rootfs
 from prorl_server.sandbox import (
     Bind,
     Sandbox,
@@ -31,9 +33,7 @@ from prorl_server.sandbox import (
 )
 from prorl_server.sandbox import podman as podman_module
 from prorl_server.sandbox.containers import ENV_BINARY, find_podman, owner_containers
-from prorl_server.sandbox.images import ImageBuildError
 from prorl_server.sandbox.podman import PodmanRuntime, container_name
-from prorl_server.sandbox.podman_images import build_dockerfile, import_rootfs
 from prorl_server.sandbox.reaper import new_owner_id, tagged_processes
 from prorl_server.sandbox.registry import unavailable_reason
 

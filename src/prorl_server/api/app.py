@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from prorl_server import __version__
+from prorl_server._version import __version__
 from prorl_server.api import dashboard, groups, jobs, lifecycle, llm_servers, metrics
 from prorl_server.api.auth import ApiKeyMiddleware
 from prorl_server.api.body_limit import BodyLimitMiddleware

@@ -33,8 +33,8 @@ from prorl_server.pipeline.groups import GroupRunner
 from prorl_server.pipeline.loop_thread import LoopThread
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
-from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.cpu_grants import CpuPool
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.network_guard import NetworkGuard, url_port
 from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
 from prorl_server.scheduling import make_predictor

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prorl_server.sandbox.base import Sandbox, SandboxError
+from prorl_server.sandbox.base import Sandbox
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.spec import Bind, SandboxSpec
 
 if TYPE_CHECKING:

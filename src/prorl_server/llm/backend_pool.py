@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prorl_server.llm.admission import AdmissionGate
 from prorl_server.llm.backend import Backend
@@ -19,13 +19,11 @@ from prorl_server.llm.local_tokenizer import ChatTokenizer, TokenizerCache
 from prorl_server.llm.placement import PlacementPolicy, TrajectoryAwarePolicy, make_policy
 from prorl_server.llm.retry import RetryPolicy
 from prorl_server.llm.stall import STALL_FLOOR_S, derived_stall_timeout_s, updated_speed
+from prorl_server.llm.template_shape import TemplateShape
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
 from prorl_server.llm.weight_update import WeightVersions
 from prorl_server.scheduling.view import TrajectoryView
-
-if TYPE_CHECKING:
-    from prorl_server.llm.session import TemplateShape
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +40,7 @@ class Lease:
 class BackendNotes:
     """What the server learned about one backend address, kept until it leaves the pool."""
 
-    template_shape: TemplateShape | None = None  # its chat template around an assistant message (session.py)
+    template_shape: TemplateShape | None = None  # its chat template around an assistant message
     weights_path: str | None = None  # the checkpoint it last reloaded, loaded back on a failure (weight_update.py)
 
 

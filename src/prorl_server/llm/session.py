@@ -30,6 +30,7 @@ from prorl_server.llm.errors import (
 from prorl_server.llm.failover import CallClock, Failover
 from prorl_server.llm.local_tokenizer import ChatTokenizer
 from prorl_server.llm.response_limits import requested_tokens
+from prorl_server.llm.template_shape import TemplateShape
 from prorl_server.llm.token_stream import TokenStream
 from prorl_server.llm.tokenizer_check import BASE as _BASE
 from prorl_server.llm.tokenizer_check import BASE_OTHER as _BASE_OTHER
@@ -45,14 +46,6 @@ T = TypeVar("T")
 
 # The session sets these itself; a trainer's sampling_params cannot override them.
 RESERVED_SAMPLING_KEYS = frozenset({"prompt", "model", "return_token_ids", "logprobs", "stream", "n", "echo"})
-
-
-@dataclass(frozen=True)
-class TemplateShape:
-    """What a backend's chat template looks like around an assistant message."""
-
-    base_ids: list[int]
-    turn_close: list[int]
 
 
 class StaleRollout(LLMError):
@@ -143,19 +136,6 @@ def weight_spans(
             spans.append(WeightSpan(version=version, start=start, end=end))
         at = end
     return spans if at == n_tokens else None
-
-
-def _common_suffix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
-
-
-def _shape(base: list[int], other: list[int]) -> TemplateShape:
-    """The template's shape from the ids of the base and of the base with another assistant reply."""
-    close_len = _common_suffix_len(base, other)
-    return TemplateShape(base_ids=base, turn_close=base[len(base) - close_len :])
 
 
 class LLMSession:
@@ -441,7 +421,7 @@ class LLMSession:
             if shape is None:
                 base = local.encode_chat(_BASE, add_generation_prompt=False)
                 other = local.encode_chat(_BASE_OTHER, add_generation_prompt=False)
-                shape = self._local_shapes[local] = _shape(base, other)
+                shape = self._local_shapes[local] = TemplateShape.from_ids(base, other)
             return shape
 
         async def probe(backend: Backend) -> TemplateShape:
@@ -449,7 +429,7 @@ class LLMSession:
             if shape is None:
                 base = await self._tokenize_messages(backend, _BASE, False)
                 other = await self._tokenize_messages(backend, _BASE_OTHER, False)
-                shape = _shape(base, other)
+                shape = TemplateShape.from_ids(base, other)
                 self.pool.notes(backend).template_shape = shape
             return shape
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from prorl_server.errors import PipelineError
 from prorl_server.handlers.context import JobContext, ReleaseCallback
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.snapshot import Snapshot
 

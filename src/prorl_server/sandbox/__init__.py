@@ -6,7 +6,8 @@ sandboxes with `await runtime.start(SandboxSpec(...))`, close them with `await s
 `remove_owner_files(owner)`. docs/sandboxes.md has the details.
 """
 
-from prorl_server.sandbox.base import Runtime, Sandbox, SandboxError
+from prorl_server.sandbox.base import Runtime, Sandbox
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.loopback import LoopbackAllocator, LoopbackExhausted
 from prorl_server.sandbox.manager import SandboxManager
 from prorl_server.sandbox.reaper import DEFAULT_BASE_DIR, new_owner_id, reap, reap_orphans, remove_owner_files

@@ -39,8 +39,9 @@ import threading
 import time
 from pathlib import Path
 
-from prorl_server.sandbox.base import Sandbox, SandboxError
+from prorl_server.sandbox.base import Sandbox
 from prorl_server.sandbox.confinement import boot_source, seccomp_program
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir

@@ -7,21 +7,14 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from prorl_server.errors import ProrlError
-from prorl_server.protocol import ErrorKind
 from prorl_server.sandbox.cpu_grants import CpuPool, Dop, dop_prefix
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.spec import SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_server.actions import Grant
     from prorl_server.sandbox.snapshot import Snapshot
     from prorl_server.tool_server.client import CommandObservation, ToolClient
-
-
-class SandboxError(ProrlError, RuntimeError):
-    """A sandbox could not be started or used; the message says what to do about it."""
-
-    error_kind = ErrorKind.SANDBOX_ERROR
 
 
 class Sandbox(ABC):

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from prorl_server.sandbox import seccomp
-from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.confinement import boot_source, seccomp_program
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, MB, boot_settings, join_cgroups_argv, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.process import sandbox_env, sandbox_user, signal_group

@@ -46,9 +46,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prorl_server.sandbox import cgroups
-from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.confinement import boot_source, seccomp_program
 from prorl_server.sandbox.containers import ENV_BINARY, LABEL, REMOVE_TIMEOUT_S, find_podman, kill_monitors, mark
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.limits import BOOT_CODE, ENV_BOOT, boot_settings, rlimits
 from prorl_server.sandbox.loopback import ENV_ADDRESS
 from prorl_server.sandbox.private_dir import ensure_private_dir

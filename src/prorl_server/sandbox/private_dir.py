@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 
 
 def user_dir(prefix: str) -> Path:

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_server.actions import ActionDemand
 from prorl_server.sandbox import cgroups
-from prorl_server.sandbox.base import Runtime, Sandbox, SandboxError
+from prorl_server.sandbox.base import Runtime, Sandbox
 from prorl_server.sandbox.cpu_grants import START_KIND, CpuPool, Dop, SandboxCpu
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.limits import Watchdog, join_cgroups_argv
 from prorl_server.sandbox.loopback import LoopbackAllocator
 from prorl_server.sandbox.network_guard import NetworkGuard

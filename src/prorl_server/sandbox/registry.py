@@ -13,7 +13,8 @@ import logging
 from typing import Any
 
 from prorl_server.config import RUNTIME_NAMES, RuntimeName
-from prorl_server.sandbox.base import Runtime, SandboxError
+from prorl_server.sandbox.base import Runtime
+from prorl_server.sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prorl_server.sandbox import cgroups
-from prorl_server.sandbox.base import SandboxError
 from prorl_server.sandbox.cgroups import SandboxCgroup
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
 from prorl_server.tool_server.protocol import SOCKET_NAME

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.private_dir import ensure_private_dir
 from prorl_server.sandbox.spec import SandboxSpec
 

@@ -13,7 +13,7 @@ the agent that runs it::
 - At submission the task's name is checked (relative, inside the tasks directory), and its folder: the files
   it needs, task.toml against Harbor's schema, the Dockerfile's conversion; what is wrong is a 400 naming
   the file and the field or line.
-- INIT builds the task's image from environment/Dockerfile (`prorl_server.sandbox.dockerfile`, FROM mapped
+- INIT builds the task's image from environment/Dockerfile (`prorl_server.imaging.dockerfile`, FROM mapped
   by $PRORL_HARBOR_BASE_MAP), cached by its content, within `[environment] build_timeout_sec`; a failed
   build fails the job naming the Dockerfile's line, and leaves nothing in the cache.
 - RUN starts a sandbox of the image in the Dockerfile's WORKDIR (its files unpacked there, the agent's to

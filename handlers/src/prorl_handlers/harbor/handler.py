@@ -21,9 +21,8 @@ from prorl_handlers.harbor.task import HarborTask, fingerprint, load_task, task_
 from prorl_handlers.harnesses.sandbox import harness_sandbox, session_defaults
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
+from prorl_server.imaging import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder, parse_mapping
 from prorl_server.sandbox import Bind, Sandbox, SandboxLimits, SandboxSpec
-from prorl_server.sandbox.dockerfile import parse_mapping
-from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder
 from prorl_server.tool_server.errors import FileSystemError
 from prorl_server.tool_server.files import MAX_DOWNLOAD_BYTES
 

@@ -9,7 +9,7 @@ An instance has SWE-bench's fields (the two test lists may also be JSON-encoded 
      "PASS_TO_PASS": ["tests/test_truncate.py::test_short_text_is_unchanged", ...]}
 
 - An instance may also name its own image: `dockerfile`, and its repository's `base_dockerfile`, paths
-  relative to the server's dataset directory (`prorl_server.sandbox.instance_images`); INIT and EVAL then run
+  relative to the server's dataset directory (`prorl_server.imaging.instance_images`); INIT and EVAL then run
   in a sandbox of that image (built once, a layer on the base), instances without one in the server's default.
 - INIT starts a sandbox and checks `repo` out at `base_commit` in `/workspace/<repo>`: the repository comes
   from `repos_dir` on the server's machine, never from the network (see `repo.py`).

@@ -15,13 +15,19 @@ from prorl_handlers.swe.instance import DATA_DIR, SWEInstance
 from prorl_handlers.swe.repo import RepositoryError, extract_patch, materialize, repo_dir
 from prorl_server import AgentHandler, JobContext
 from prorl_server.agent import AgentLoop, bash_tool, editor_tool, submit_tool
+from prorl_server.imaging import (
+    DEFAULTS,
+    IMAGE_CACHE_DIR,
+    BuildQueue,
+    ImageBuilder,
+    ImageCache,
+    ImageSpec,
+    InstanceImage,
+    InstanceImages,
+    parse_mapping,
+)
 from prorl_server.sandbox import Sandbox, SandboxSpec
 from prorl_server.sandbox.apptainer import unpack_sif
-from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.dockerfile import parse_mapping
-from prorl_server.sandbox.image_cache import ImageCache
-from prorl_server.sandbox.images import DEFAULTS, IMAGE_CACHE_DIR, ImageBuilder
-from prorl_server.sandbox.instance_images import ImageSpec, InstanceImage, InstanceImages
 
 REPOS_DIR = DATA_DIR / "repos"
 ENV_DATASET_DIR = "PRORL_SWE_DATASET_DIR"

@@ -3,7 +3,7 @@ an ImageCache.
 
 An instance of a SWE-bench-style dataset may name, relative to the dataset's directory, its own
 `dockerfile` and the `base_dockerfile` of its repository (`ImageSpec.from_instance`); a path that leaves the
-dataset's directory is refused. The base is built from its Dockerfile (`sandbox/dockerfile.py`, FROM mapped
+dataset's directory is refused. The base is built from its Dockerfile (`imaging/dockerfile.py`, FROM mapped
 by `base_map`) once per content, and every instance of the repository builds on it: the instance Dockerfile's
 FROM is replaced by the built base (`Bootstrap: localimage`), so its image is the base plus the instance's own
 steps. Without a base the instance Dockerfile is built on its own FROM. Instances whose images build
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from prorl_server.errors import ImageError
-from prorl_server.sandbox.build_queue import BuildQueue
-from prorl_server.sandbox.dockerfile import Conversion, build_dockerfile, convert
-from prorl_server.sandbox.image_cache import ImageCache, ImageLease
-from prorl_server.sandbox.images import DEFAULTS, BuiltImage, ImageBuilder, ImageBuildError
+from prorl_server.imaging.build_queue import BuildQueue
+from prorl_server.imaging.dockerfile import Conversion, build_dockerfile, convert
+from prorl_server.imaging.image_cache import ImageCache, ImageLease
+from prorl_server.imaging.images import DEFAULTS, BuiltImage, ImageBuilder, ImageBuildError
 
 LEASE_TRIES = 3  # builds of an image evicted by another process between its build and the lease
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_server.sandbox.dockerfile import read_instructions
-from prorl_server.sandbox.images import IMAGE_CACHE_DIR, ImageBuildError, base_identity, tree_sha256
+from prorl_server.imaging.dockerfile import read_instructions
+from prorl_server.imaging.images import IMAGE_CACHE_DIR, ImageBuildError, base_identity, tree_sha256
 from prorl_server.sandbox.podman import podman_command
 from prorl_server.sandbox.private_dir import ensure_private_dir
 

@@ -37,7 +37,7 @@ from spython.logger import bot
 from spython.logger.message import QUIET
 from spython.main.parse.parsers import DockerParser
 
-from prorl_server.sandbox.images import DEFAULTS, BuiltImage, CacheMode, ImageBuilder, ImageBuildError
+from prorl_server.imaging.images import DEFAULTS, BuiltImage, CacheMode, ImageBuilder, ImageBuildError
 
 TEMPLATE = Path(__file__).resolve().parent / "dockerfile.def.j2"
 BUILD_DIR = "/opt/prorl/build"  # where the template's %setup puts the staged COPY sources for %post

@@ -1,4 +1,4 @@
-"""Apptainer images from the Jinja2 definition templates in prorl_server/images/, cached as .sif files.
+"""Apptainer images from the Jinja2 definition templates in templates/ beside this module, cached as .sif files.
 
 A build renders a template (`python`, `swe`, or a path to a `.def.j2` file), stages the execution server
 (prorl_server.tool_server and ptyprocess) next to it and runs `apptainer build --fakeroot`. Cache modes:
@@ -9,7 +9,7 @@ A build renders a template (`python`, `swe`, or a path to a `.def.j2` file), sta
 - `lock`: reuse while the template, its variables and the dependency lockfile (pip requirements, installed
   into the image) are unchanged.
 
-Files a definition copies in (a Dockerfile's COPY sources, sandbox/dockerfile.py) are staged with the build
+Files a definition copies in (a Dockerfile's COPY sources, imaging/dockerfile.py) are staged with the build
 context (`stage`), and their content is part of the key in every mode. `ImageBuilder.explain()` returns the
 inputs that make up the key. Behind an intercepting HTTPS proxy, `pip_cert`
 (`--pip-cert`, default `$PIP_CERT`) gives the lockfile's pip install a CA bundle, staged with the build
@@ -38,15 +38,15 @@ from typing import Any, Literal
 import jinja2
 import jinja2.meta
 
-from prorl_server import __version__
+from prorl_server._version import __version__
 from prorl_server.errors import ImageError
 from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
-from prorl_server.sandbox.base import SandboxError
+from prorl_server.sandbox.errors import SandboxError
 from prorl_server.sandbox.private_dir import ensure_private_dir
 
 CacheMode = Literal["scratch", "versioned", "lock"]
 CACHE_MODES: tuple[CacheMode, ...] = ("scratch", "versioned", "lock")
-TEMPLATES = Path(__file__).resolve().parent.parent / "images"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 IMAGE_CACHE_DIR = CACHE_DIR / "images"
 SUFFIX = ".def.j2"
 DEFAULTS: dict[str, Any] = {
