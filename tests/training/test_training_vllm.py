@@ -146,6 +146,7 @@ def test_after_a_reload_vllm_computes_with_exactly_the_trainers_weights(start_se
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    vllm.restore()  # the starting weights: an earlier test of the module pushed trained ones
     tokenizer = AutoTokenizer.from_pretrained(vllm.model_dir)
     model = AutoModelForCausalLM.from_pretrained(vllm.model_dir, dtype=torch.float32).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight  # the tied head this is about

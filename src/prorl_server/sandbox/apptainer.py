@@ -71,15 +71,19 @@ def find_apptainer() -> str | None:
 
 
 def stage_tool_packages(dest: Path) -> Path:
-    """Copy what `python3 -m prorl_server.tool_server` imports (prorl_server's __init__, errors and tool_server, ptyprocess)
-    to dest."""
+    """Copy what `python3 -m prorl_server.tool_server` imports to dest: prorl_server's __init__, _version, errors
+    and tool_server, and ptyprocess."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOOL_PACKAGES:
         shutil.rmtree(dest / name, ignore_errors=True)
     server = package_dir("prorl_server")
     (dest / "prorl_server").mkdir()
-    for module in ("__init__.py", "errors.py"):  # errors: the execution server's exceptions are ProrlErrors
+    for module in (
+        "__init__.py",
+        "_version.py",
+        "errors.py",
+    ):  # the root (errors: the execution server raises ProrlErrors)
         shutil.copy2(server / module, dest / "prorl_server" / module)
     shutil.copytree(server / "tool_server", dest / "prorl_server" / "tool_server", ignore=ignore)
     shutil.copytree(package_dir("ptyprocess"), dest / "ptyprocess", ignore=ignore)
