@@ -144,3 +144,46 @@ def test_the_verl_agent_loop_returns_the_servers_trajectories_padded_by_verl(
     assert out["weight_push"] == "verl update_weights"
     (status,) = out["weights_after"].values()
     assert status["version"] == 7 and not status["paused"]
+
+
+def documented_setup() -> tuple[str, list[str]]:
+    """docs/trainers.md's verl set-up: the agent loop YAML and the overrides of its `main_ppo` command."""
+    text = (REPO / "docs" / "trainers.md").read_text()
+    yaml = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    command = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    overrides = [word for word in command.split() if "=" in word and word.startswith("actor_rollout_ref.")]
+    return yaml, overrides
+
+
+def test_the_documented_verl_config_runs_the_loop_through_verls_own_config(
+    verl_python, start_server, backend, tmp_path
+):
+    """The YAML and the two overrides of docs/trainers.md, as written (only the server's address is this
+    test's): verl's `ppo_trainer` config composed with the overrides, the YAML loaded into the registry as
+    AgentLoopWorker does, and its default agent loop running a group of two samples."""
+    yaml, overrides = documented_setup()
+    assert "http://127.0.0.1:8000" in yaml and len(overrides) == 2
+    server = start_server([backend.address])
+    (tmp_path / "prorl_agent_loop.yaml").write_text(yaml.replace("http://127.0.0.1:8000", server.url))
+    overrides = [o.replace("=prorl_agent_loop.yaml", f"={tmp_path / 'prorl_agent_loop.yaml'}") for o in overrides]
+    question = {"data_source": "multiturn", "question": "q"}
+    spec = {
+        "server_url": None,
+        "prompt_length": PROMPT_LENGTH,
+        "response_length": RESPONSE_LENGTH,
+        "samples": [sample("a", question, 0), sample("a", question, 0)],
+        "overrides": overrides,
+    }
+    out = run_driver(verl_python, spec, tmp_path)
+    assert out["loop"] == {
+        "name": "prorl_server",
+        "type": "ProrlServerAgentLoop",
+        "server_url": server.url,
+        "group_window_s": 0.05,
+        "timeout_s": 3600.0,
+        "fail_on_error": False,
+    }
+    outputs = out["outputs"]
+    assert [o["extra_fields"]["prorl_status"] for o in outputs] == ["completed", "completed"]
+    assert outputs[0]["extra_fields"]["prorl_group_id"] == outputs[1]["extra_fields"]["prorl_group_id"]
+    assert out["len"] == 2
