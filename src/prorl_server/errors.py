@@ -8,7 +8,7 @@ exception class of src/prorl_server and handlers/src derives from ProrlError and
 
 ProrlError
 ├── SandboxError [RuntimeError] ........................ sandbox/errors.py: could not start or use a sandbox
-├── LoopbackExhausted [RuntimeError] ................... sandbox/loopback.py
+│   └── LoopbackExhausted .............................. sandbox/loopback.py: no free address for one
 ├── ImageError * ....................................... imaging/: building images
 │   ├── ImageBuildError [RuntimeError] ................. imaging/images.py
 │   │   └── DockerfileError ............................ imaging/dockerfile.py
@@ -78,8 +78,8 @@ ProrlError
 │   │   └── NotAccepting
 │   ├── HandlerFault ................................... pipeline/handler_calls.py
 │   └── ForkStateError [TypeError] ..................... pipeline/fork.py
-├── JournalError [RuntimeError] ........................ journal/database.py
-├── WriterGone [RuntimeError] .......................... journal/process.py
+├── JournalError [RuntimeError] ........................ journal/database.py: the results journal
+│   └── WriterGone ..................................... journal/process.py: its writer process ended
 ├── BodyTooLarge [HTTPException] ....................... api/body_limit.py
 ├── ApiKeyFileError [RuntimeError] ..................... auth_key.py: configuration
 ├── DevLLMError * ...................................... devllm/

@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from prorl_server.errors import ProrlError
 from prorl_server.journal import commit_loop
+from prorl_server.journal.database import JournalError
 from prorl_server.threadsafe import running_loop, try_call_in_loop
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ SEND_BUFFER_BYTES = 4 << 20
 """What the kernel may hold of the socket for the child (it caps this at its own limit)."""
 
 
-class WriterGone(ProrlError, RuntimeError):
+class WriterGone(JournalError):
     """The writer process has ended (it was killed, or it could not open the journal)."""
 
 

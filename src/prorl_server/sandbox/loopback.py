@@ -10,13 +10,13 @@ from __future__ import annotations
 import ipaddress
 import threading
 
-from prorl_server.errors import ProrlError
+from prorl_server.sandbox.errors import SandboxError
 
 ENV_ADDRESS = "PRORL_SANDBOX_ADDRESS"
 _LOCALHOST = int(ipaddress.IPv4Address("127.0.0.1"))
 
 
-class LoopbackExhausted(ProrlError, RuntimeError):
+class LoopbackExhausted(SandboxError):
     """Every address of the allocator's network is in use."""
 
 
