@@ -319,10 +319,18 @@ def test_a_pending_wait_is_cancelled_at_the_end() -> None:
         assert len(outcome) == 1 and isinstance(outcome[0], JobFinished)
         assert cancelled.wait(10)  # the coroutine itself was cancelled on its loop
 
-        # After the end a new ctx.wait still runs (final_result may use it); it is not cancelled.
+        # After the end a new ctx.wait does not run, except where the server runs final_result.
+        ran: list[int] = []
+
         async def answer() -> int:
+            ran.append(42)
             return 42
 
-        assert ctx.wait(answer(), timeout=10) == 42
+        with pytest.raises(JobFinished, match="has already ended"):
+            ctx.wait(answer(), timeout=10)
+        assert ran == []
+        with ctx.waits_after_end():
+            assert ctx.wait(answer(), timeout=10) == 42
+        assert ran == [42]
     finally:
         stage.stop()

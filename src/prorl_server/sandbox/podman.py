@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 LIB_DIR = "/.prorl"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOT_FOUND = f"podman not found: install it (as root on Debian: `apt-get install podman runc`) or set {ENV_BINARY}"
+REMOVE_ATTEMPTS = 3  # tries of `podman rm -f` for one container
+REMOVE_RETRY_S = 0.5  # between them
 PIDFILE = "container.pid"  # in the slot's private directory: the container's first process, on the host
 PROBE_TIMEOUT_S = 60.0
 CLIENT_EXIT_S = 10.0  # for a SIGKILLed podman client to end, before its container is removed
@@ -228,20 +230,26 @@ class PodmanRuntime(ProcessRuntime):
         return PodmanSandbox(remove=self._remove, **options)
 
     def _remove(self, name: str) -> None:
-        """`podman rm -f` one container (logged if podman fails)."""
-        try:
-            done = subprocess.run(
-                [*self.podman, "rm", "-f", "-t", "0", "--ignore", name],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=REMOVE_TIMEOUT_S,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.error("cannot remove podman container %s: %s", name, exc)
-            return
-        if done.returncode != 0:
-            log.error("cannot remove podman container %s: %s", name, done.stderr.strip())
+        """`podman rm -f` one container, tried again where it fails (logged if the last try fails too): racing
+        the cleanup conmon runs as the container exits, `podman rm` can fail with "container not running"."""
+        for attempt in range(REMOVE_ATTEMPTS):
+            try:
+                done = subprocess.run(
+                    [*self.podman, "rm", "-f", "-t", "0", "--ignore", name],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    timeout=REMOVE_TIMEOUT_S,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                problem = str(exc)
+            else:
+                if done.returncode == 0:
+                    return
+                problem = done.stderr.strip()
+            if attempt + 1 < REMOVE_ATTEMPTS:
+                time.sleep(REMOVE_RETRY_S)
+        log.error("cannot remove podman container %s: %s", name, problem)
 
     def check_image(self, image: str) -> None:
         """SandboxError unless `image` is a root directory or in podman's local storage (looked up once)."""
