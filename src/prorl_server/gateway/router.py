@@ -78,12 +78,10 @@ async def close_session(session_id: str, registry: Registry) -> SessionResult:
     return result
 
 
-@router.api_route(
-    "/sessions/{session_id}", methods=["GET", "HEAD"], response_model=SessionProbe, summary="A harness's probe"
-)
-@router.api_route(
-    "/sessions/{session_id}/v1", methods=["GET", "HEAD"], response_model=SessionProbe, summary="A harness's probe"
-)
+@router.get("/sessions/{session_id}", response_model=SessionProbe, summary="A harness's probe")
+@router.get("/sessions/{session_id}/v1", response_model=SessionProbe, summary="A harness's probe")
+@router.head("/sessions/{session_id}", include_in_schema=False)  # Claude Code's probe; its GET twin is in the schema
+@router.head("/sessions/{session_id}/v1", include_in_schema=False)
 async def probe_session(request: Request, session_id: str) -> SessionProbe:
     session = authorized_either_key(request, session_id)
     return SessionProbe(id=session.id, models=session.model_names)
