@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prorl_server.llm.circuit import CircuitBreaker
+from prorl_server.llm.circuit import CircuitBreaker, CircuitState
 from prorl_server.llm.local_tokenizer import ChatTokenizer
 from prorl_server.protocol import LLMServerInfo
 
@@ -55,3 +55,21 @@ class Backend:
             tokens_per_s=self.tokens_per_s,
             tokenization=self.tokenization,
         )
+
+
+def why_none_placeable(backends: list[Backend]) -> str:
+    """Why no backend of `backends` (the pool's, oldest first) takes a request now: the message of
+    NoBackendAvailable, naming at most 8 of them with their reason and last error."""
+    if not backends:
+        return 'no LLM backend registered; POST /add_llm_server {"address": "http://host:port/v1"}'
+    reasons = []
+    for backend in backends[:8]:
+        if not backend.healthy:
+            why = "unhealthy (fails its health check)"
+        elif backend.breaker.state is CircuitState.OPEN:
+            why = f"circuit open after {backend.breaker.consecutive_failures} failed request(s)"
+        else:
+            why = "circuit half-open, its trial request under way"
+        last = f"; last error: {backend.last_error[:300]}" if backend.last_error else ""
+        reasons.append(f"{backend.address} {why}{last}")
+    return f"all {len(backends)} registered LLM backends are out of placement: " + " | ".join(reasons)

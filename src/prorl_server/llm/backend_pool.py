@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from prorl_server.llm.admission import AdmissionGate
-from prorl_server.llm.backend import Backend
+from prorl_server.llm.backend import Backend, why_none_placeable
 from prorl_server.llm.backend_health import HealthChecks
 from prorl_server.llm.backend_models import BackendModels
 from prorl_server.llm.circuit import CircuitBreaker, CircuitState
@@ -23,7 +23,7 @@ from prorl_server.llm.template_shape import TemplateShape
 from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.weight_pause_gate import Ticket, WeightPauseGate
 from prorl_server.llm.weight_update import WeightVersions
-from prorl_server.scheduling.view import TrajectoryView
+from prorl_server.scheduling import TrajectoryView
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +121,7 @@ class BackendPool:
         """Register a backend; registering a known address updates its weight version and tags."""
         address = address.rstrip("/")
         with self._lock:
-            backend = self._backends.get(address)
-            if backend is None:
-                breaker = CircuitBreaker(self._failure_threshold, self._breaker_cooldown_s)
-                backend = Backend(address=address, order=next(self._order), breaker=breaker)
-                self._backends[address] = backend
+            backend = self._registered(address)
             backend.weight_version = weight_version
             backend.tags = dict(tags or {})
             backend.healthy = True
@@ -133,20 +129,27 @@ class BackendPool:
             self.versions.registered(weight_version)
             return backend
 
+    def _registered(self, address: str) -> Backend:
+        """The backend at `address`, registered now if new (the lock held)."""
+        backend = self._backends.get(address)
+        if backend is None:
+            breaker = CircuitBreaker(self._failure_threshold, self._breaker_cooldown_s)
+            backend = self._backends[address] = Backend(address=address, order=next(self._order), breaker=breaker)
+        return backend
+
+    def _forget_all_but(self, kept: Collection[str]) -> None:
+        """Remove every backend whose address is not in `kept`, with its health record and notes (the lock held)."""
+        for address in [a for a in self._backends if a not in kept]:
+            del self._backends[address]
+            self._health.forget(address)
+            self._notes.pop(address, None)
+
     # weight versions ----------------------------------------------------------------------------
 
     @property
     def current_version(self) -> str | int | None:
         """The version last set by `set_weight_version`."""
         return self.versions.current
-
-    def version_distance(self, old: str | int, new: str | int) -> int | None:
-        """How many versions `new` is ahead of `old` (`WeightVersions.distance`)."""
-        return self.versions.distance(old, new)
-
-    def version_conflict(self, version: str | int) -> str | None:
-        """Why `version` may not be the next weight version, None when it may (`WeightVersions.conflict`)."""
-        return self.versions.conflict(version)
 
     def set_weight_version(
         self, version: str | int, servers: list[tuple[str, dict | None]] | None = None
@@ -161,16 +164,9 @@ class BackendPool:
                     backend.weight_version = version
                 return sorted(self._backends.values(), key=lambda b: b.order)
             wanted = {address.rstrip("/"): tags for address, tags in servers}
-            for address in [a for a in self._backends if a not in wanted]:
-                del self._backends[address]
-                self._health.forget(address)
-                self._notes.pop(address, None)
+            self._forget_all_but(wanted)
             for address, tags in wanted.items():
-                backend = self._backends.get(address)
-                if backend is None:
-                    breaker = CircuitBreaker(self._failure_threshold, self._breaker_cooldown_s)
-                    backend = Backend(address=address, order=next(self._order), breaker=breaker)
-                    self._backends[address] = backend
+                backend = self._registered(address)
                 if tags is not None:  # a kept backend keeps its tags unless new ones are given
                     backend.tags = dict(tags)
             for backend in self._backends.values():
@@ -196,10 +192,7 @@ class BackendPool:
             self.versions.unset(undone, snapshot.version)
             wanted = {backend.address: (backend, version, tags) for backend, version, tags in snapshot.backends}
             changed = wanted.keys() != self._backends.keys()
-            for address in [a for a in self._backends if a not in wanted]:
-                del self._backends[address]
-                self._health.forget(address)
-                self._notes.pop(address, None)
+            self._forget_all_but(wanted)
             for address, (backend, version, tags) in wanted.items():
                 backend.weight_version, backend.tags = version, dict(tags)
                 self._backends[address] = backend
@@ -311,7 +304,7 @@ class BackendPool:
         if live and not fresh:  # nowhere else to go: stay on the pinned backend
             return Lease(pinned, pinned.breaker.start_request())
         if not placeable:
-            raise NoBackendAvailable(self._nothing_placeable())
+            raise NoBackendAvailable(why_none_placeable(sorted(self._backends.values(), key=lambda b: b.order)))
         if pinned is not None:
             pinned.in_flight -= 1
             del self._pins[job_id]
@@ -373,21 +366,6 @@ class BackendPool:
         if lease.trial:
             with self._lock:
                 lease.backend.breaker.abandon_trial()
-
-    def _nothing_placeable(self) -> str:
-        if not self._backends:
-            return 'no LLM backend registered; POST /add_llm_server {"address": "http://host:port/v1"}'
-        reasons = []
-        for backend in sorted(self._backends.values(), key=lambda b: b.order)[:8]:
-            if not backend.healthy:
-                why = "unhealthy (fails its health check)"
-            elif backend.breaker.state is CircuitState.OPEN:
-                why = f"circuit open after {backend.breaker.consecutive_failures} failed request(s)"
-            else:
-                why = "circuit half-open, its trial request under way"
-            last = f"; last error: {backend.last_error[:300]}" if backend.last_error else ""
-            reasons.append(f"{backend.address} {why}{last}")
-        return f"all {len(self._backends)} registered LLM backends are out of placement: " + " | ".join(reasons)
 
     # admission ----------------------------------------------------------------------------------
 

@@ -38,9 +38,7 @@ from prorl_server.llm.vllm_client import VLLMClient
 from prorl_server.llm.vllm_parsing import Completion
 from prorl_server.llm.weight_pause_gate import PauseClock, Ticket
 from prorl_server.protocol import ErrorKind, Trajectory, TurnRecord, WeightSpan
-from prorl_server.scheduling.dispatch import DispatchPolicy
-from prorl_server.scheduling.telemetry import TrajectoryTelemetry
-from prorl_server.scheduling.view import TrajectoryView, prompt_key_of
+from prorl_server.scheduling import DispatchPolicy, TrajectoryTelemetry, TrajectoryView, prompt_key_of
 
 T = TypeVar("T")
 
@@ -148,7 +146,7 @@ class LLMSession:
     Bounded staleness: with `max_staleness` set, each sampled turn is first checked against the job's
     turns so far: when the version it would be sampled under (its backend's, read after the weight-pause gate,
     so after any weight update) is more than `max_staleness` versions ahead of the oldest recorded turn's
-    version (`BackendPool.version_distance`), policy "end" raises StaleRollout and leaves its message in
+    version (`WeightVersions.distance`), policy "end" raises StaleRollout and leaves its message in
     `stale` (this and every later call raises), and "continue" samples it anyway. A group's refill also
     counts from `group_versions`, the versions its group's finished members were sampled under.
 
@@ -388,7 +386,7 @@ class LLMSession:
             sampled.append((also, "the start of the turn a keep pause resumed"))
         worst: tuple[int, str | int, str] | None = None
         for old, whose in sampled:
-            distance = self.pool.version_distance(old, version)
+            distance = self.pool.versions.distance(old, version)
             if distance is not None and (worst is None or distance > worst[0]):
                 worst = (distance, old, whose)
         if worst is None or worst[0] <= self.max_staleness:

@@ -183,7 +183,7 @@ class WeightUpdate:
 
     def check_version(self, version: str | int) -> None:
         """WeightUpdateConflict when `version` may not come next."""
-        if conflict := self.pool.version_conflict(version):
+        if conflict := self.pool.versions.conflict(version):
             raise WeightUpdateConflict(conflict)
 
     async def apply(self, body: UpdateRequest, what: str) -> None:
