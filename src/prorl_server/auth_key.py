@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 
 from prorl_server.errors import ProrlError
-from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.protocol import API_KEY_ENV
 
 API_KEY_FILE_ENV = "PRORL_API_KEY_FILE"
 """Environment variable naming the key file (servers and clients read it)."""

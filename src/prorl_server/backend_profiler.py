@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from prorl_server.errors import LaunchError
-from prorl_server.scheduling.profile_file import FORMAT, ProfileFile
+from prorl_server.scheduling import FORMAT, ProfileFile
 
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 

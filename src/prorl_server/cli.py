@@ -12,14 +12,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prorl_server.actions.model_services import ModelServiceRefused
+from prorl_server.actions import ModelServiceRefused
 from prorl_server.auth_key import API_KEY_FILE_ENV, ApiKeyFileError, api_key_file, load_or_create_api_key
 from prorl_server.config import ServerSettings
 from prorl_server.handlers import HandlerLoadError
 from prorl_server.journal import JournalError
-from prorl_server.llm.judge import JudgeConfigError
-from prorl_server.protocol.server import API_KEY_ENV
-from prorl_server.sandbox.errors import SandboxError
+from prorl_server.llm import JudgeConfigError
+from prorl_server.protocol import API_KEY_ENV
+from prorl_server.sandbox import SandboxError
 from prorl_server.settings_cli import HelpFormatter, add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_dev_llm(sub: argparse._SubParsersAction) -> None:
     """The `dev-llm` subcommand: a real small LLM on the CPU speaking vLLM's protocol (prorl_server.devllm)."""
-    from prorl_server.devllm.cli import add_arguments
+    from prorl_server.devllm import add_arguments
 
     dev_llm = sub.add_parser(
         "dev-llm",
@@ -57,7 +57,7 @@ def add_dev_llm(sub: argparse._SubParsersAction) -> None:
 
 def add_sim_llm(sub: argparse._SubParsersAction) -> None:
     """The `sim-llm` subcommand: a simulated backend speaking vLLM's protocol (prorl_server.simllm)."""
-    from prorl_server.simllm.cli import add_arguments
+    from prorl_server.simllm import add_arguments
 
     sim_llm = sub.add_parser(
         "sim-llm",
@@ -81,7 +81,7 @@ def add_profile_backend(sub: argparse._SubParsersAction) -> None:
 
 def add_vllm(sub: argparse._SubParsersAction) -> None:
     """The `vllm` subcommand: start, stop or check the real vLLM (CPU build) set up by scripts/setup-vllm.sh."""
-    from prorl_server.vllm_cpu.cli import add_arguments
+    from prorl_server.vllm_cpu import add_arguments
 
     vllm = sub.add_parser("vllm", help="start or stop the real vLLM on this CPU (after scripts/setup-vllm.sh)")
     add_arguments(vllm)
@@ -89,7 +89,7 @@ def add_vllm(sub: argparse._SubParsersAction) -> None:
 
 def add_slurm(sub: argparse._SubParsersAction) -> None:
     """The `slurm` subcommand: the steps of the sbatch scripts in deploy/slurm/ (prorl_server.launch.slurm)."""
-    from prorl_server.launch.slurm_cli import add_arguments
+    from prorl_server.launch import add_arguments
 
     slurm = sub.add_parser("slurm", help="steps of the Slurm deployment in deploy/slurm/ (announce, register, cpus)")
     add_arguments(slurm)
@@ -97,7 +97,7 @@ def add_slurm(sub: argparse._SubParsersAction) -> None:
 
 def add_eval(sub: argparse._SubParsersAction) -> None:
     """The `eval` subcommand: pass@1, pass@k and mean reward of a task set on a server (prorl_server.evaluation)."""
-    from prorl_server.evaluation.cli import add_arguments
+    from prorl_server.evaluation import add_arguments
 
     evaluate = sub.add_parser(
         "eval",
@@ -210,8 +210,7 @@ def print_built(image: BuiltImage, mode: str) -> None:
 
 def build_for_podman(args: argparse.Namespace) -> None:
     """`build-image --runtime podman`: a Dockerfile built, or a root directory imported, into podman's storage."""
-    from prorl_server.imaging import ImageBuildError, parse_mapping
-    from prorl_server.imaging.podman_images import build_dockerfile, import_rootfs
+    from prorl_server.imaging import ImageBuildError, build_podman_image, import_podman_rootfs, parse_mapping
 
     apptainer_only = {"a template": args.template, "--out": args.out, "--lockfile": args.lockfile}
     apptainer_only |= {"--package": args.package, "--no-ipython": args.no_ipython, "--explain": args.explain}
@@ -224,9 +223,9 @@ def build_for_podman(args: argparse.Namespace) -> None:
             raise ImageBuildError("--base: with --dockerfile its FROM is the base (map it with --base-map)")
         base_map = {name: Path(path) for name, path in parse_mapping(args.base_map, "--base-map").items()}
         build_args = parse_mapping(args.build_arg, "--build-arg")
-        image = build_dockerfile(args.dockerfile, args.context, build_args, base_map, args.cache_dir)
+        image = build_podman_image(args.dockerfile, args.context, build_args, base_map, args.cache_dir)
     elif args.base is not None:
-        image = import_rootfs(args.base)
+        image = import_podman_rootfs(args.base)
     else:
         raise ImageBuildError("--runtime podman needs --dockerfile PATH, or --base DIR to import a root directory")
     how = "reused" if image.cached else "built"
@@ -361,11 +360,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_prewarm(args)
     elif args.command == "dev-llm":
-        from prorl_server.devllm.cli import run_from_args
+        from prorl_server.devllm import run_from_args
 
         run_from_args(args)
     elif args.command == "sim-llm":
-        from prorl_server.simllm.cli import run_from_args as run_sim_llm
+        from prorl_server.simllm import run_from_args as run_sim_llm
 
         run_sim_llm(args)
     elif args.command == "profile-backend":
@@ -373,15 +372,15 @@ def main(argv: list[str] | None = None) -> None:
 
         run_profile_backend(args)
     elif args.command == "vllm":
-        from prorl_server.vllm_cpu.cli import run_from_args as run_vllm
+        from prorl_server.vllm_cpu import run_from_args as run_vllm
 
         run_vllm(args)
     elif args.command == "slurm":
-        from prorl_server.launch.slurm_cli import run_from_args as run_slurm
+        from prorl_server.launch import run_from_args as run_slurm
 
         run_slurm(args)
     elif args.command == "eval":
-        from prorl_server.evaluation.cli import run_from_args as run_eval
+        from prorl_server.evaluation import run_from_args as run_eval
 
         run_eval(args)
 

@@ -11,10 +11,9 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from prorl_server.actions.model_services import parse_model_service
-from prorl_server.actions.quota import parse_service_quota
-from prorl_server.protocol.jobs import StalePolicy
-from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE
+from prorl_server.actions import parse_model_service, parse_service_quota
+from prorl_server.protocol import StalePolicy
+from prorl_server.scheduling import DEFAULT_PROFILE
 
 RuntimeName = Literal["auto", "apptainer", "bwrap", "local", "podman"]
 """Sandbox runtimes by name (`auto`: the first available of apptainer, bwrap, local, in this order; podman

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from prorl_server.config import ServerSettings
-from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.protocol import API_KEY_ENV
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "server": ("host", "port", "api_key", "no_api_key", "max_body_bytes", "autostart", "log_level"),

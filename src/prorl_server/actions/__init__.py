@@ -18,6 +18,7 @@ sandbox start, a judge call), not per trajectory.
 
 from prorl_server.actions.elasticity import AmdahlModel, ElasticityModels
 from prorl_server.actions.gpu_chunks import Call, CallResult, Chunk, GpuChunkManager, GpuService, Placement, simulate
+from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
 from prorl_server.actions.model_services import (
     ModelServiceCache,
     ModelServiceRefused,
@@ -26,6 +27,7 @@ from prorl_server.actions.model_services import (
     ServiceLauncher,
     ServiceSnapshot,
     ServiceState,
+    parse_model_service,
 )
 from prorl_server.actions.quota import (
     QuotaConfig,
@@ -34,6 +36,7 @@ from prorl_server.actions.quota import (
     ServiceDisabled,
     ServiceQuota,
     Slot,
+    parse_service_quota,
 )
 from prorl_server.actions.scheduler import (
     ActionDemand,
@@ -54,6 +57,8 @@ __all__ = [
     "Call",
     "CallResult",
     "Chunk",
+    "DevEngineLauncher",
+    "DevEngineService",
     "Distribution",
     "ElasticityModels",
     "GpuChunkManager",
@@ -74,5 +79,7 @@ __all__ = [
     "ServiceSnapshot",
     "ServiceState",
     "Slot",
+    "parse_model_service",
+    "parse_service_quota",
     "simulate",
 ]

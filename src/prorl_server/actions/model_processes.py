@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prorl_server.actions.model_services import ServiceLauncher
 from prorl_server.errors import ResourceError
-from prorl_server.vllm_cpu.launcher import is_healthy, stop_session, tail
+from prorl_server.vllm_cpu import is_healthy, stop_session, tail
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prorl_server.agent.tool_specs import Tool, ToolArgumentError, ToolResult
-from prorl_server.handlers.context import JobContext
+from prorl_server.handlers import JobContext
 from prorl_server.tool_call_formats import (
     HERMES,
     MalformedCall,

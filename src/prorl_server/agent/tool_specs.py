@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prorl_server.errors import ProrlError
-from prorl_server.handlers.context import JobContext
+from prorl_server.handlers import JobContext
 from prorl_server.tool_server.errors import ActionError
 
 

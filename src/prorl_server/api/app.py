@@ -17,7 +17,7 @@ from prorl_server.api.state import ServerState
 from prorl_server.api.weights import router as weights_router
 from prorl_server.config import ServerSettings
 from prorl_server.gateway import router as gateway
-from prorl_server.pipeline.loop_lag import probe
+from prorl_server.pipeline import probe
 
 
 def create_app(settings: ServerSettings | None = None, state: ServerState | None = None) -> FastAPI:

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prorl_server.auth_key import API_KEY_FILE_ENV, DEFAULT_LOCATION
-from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.protocol import API_KEY_ENV
 
 OPEN_PATHS = frozenset({"/health", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
 """Paths answered without the key (GET and HEAD): `/health`, so supervisors can probe liveness, and the

@@ -18,8 +18,7 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, Field
 
 from prorl_server.api.state import ServerState, get_state
-from prorl_server.observability.activity import BUCKET_S, JobSummary, ThroughputPoint
-from prorl_server.observability.health import status_report
+from prorl_server.observability import BUCKET_S, JobSummary, ThroughputPoint, status_report
 from prorl_server.protocol import StatusResponse
 
 router = APIRouter(tags=["observability"])

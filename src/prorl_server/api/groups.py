@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 
 from prorl_server.api.responses import model_response
-from prorl_server.pipeline.groups import GroupRunner, wait_done
-from prorl_server.protocol.groups import GROUP_ID_MAX_CHARS, GroupAccepted, GroupRequest, GroupResult
+from prorl_server.pipeline import GroupRunner, wait_done
+from prorl_server.protocol import GROUP_ID_MAX_CHARS, GroupAccepted, GroupRequest, GroupResult
 from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["groups"])

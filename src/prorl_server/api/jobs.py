@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
 from prorl_server.protocol import (
+    JOB_ID_MAX_CHARS,
     TERMINAL_STATUSES,
     AckRequest,
     AckResponse,
@@ -26,7 +27,6 @@ from prorl_server.protocol import (
     JobStatusResponse,
     ProcessRequest,
 )
-from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS
 from prorl_server.request_body import openapi_body, parse_body
 
 router = APIRouter(tags=["jobs"])

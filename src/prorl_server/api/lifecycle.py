@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from prorl_server.api.state import ServerState, get_state
-from prorl_server.observability.health import problems as health_problems
-from prorl_server.observability.health import status_report
+from prorl_server.observability import problems as health_problems
+from prorl_server.observability import status_report
 from prorl_server.protocol import HandlerInfo, HealthResponse, LifecycleResponse, StatusResponse
 
 router = APIRouter(tags=["server"])

@@ -13,33 +13,49 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from prorl_server.actions.model_processes import DevEngineLauncher, DevEngineService
-from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused, parse_model_service
-from prorl_server.actions.quota import QuotaRegistry, parse_service_quota
+from prorl_server.actions import (
+    DevEngineLauncher,
+    DevEngineService,
+    ModelServiceCache,
+    ModelServiceRefused,
+    QuotaRegistry,
+    parse_model_service,
+    parse_service_quota,
+)
 from prorl_server.config import ServerSettings
-from prorl_server.gateway.sessions import CallObserver, GatewayLimits, SessionRegistry
+from prorl_server.gateway import CallObserver, GatewayLimits, SessionRegistry
 from prorl_server.handlers import HandlerRegistry
 from prorl_server.journal import Journal
-from prorl_server.llm import BackendPool, RetryPolicy, VLLMClient
-from prorl_server.llm.engine_freeze import EngineFreeze
-from prorl_server.llm.judge import JUDGE_API_KEY_ENV, JudgePool
-from prorl_server.llm.local_tokenizer import TokenizerCache
-from prorl_server.llm.pause_lease import PauseLease
-from prorl_server.llm.placement import PlacementPolicy, backend_profiles, interference_profile, make_policy
-from prorl_server.llm.weight_update import WeightUpdate
+from prorl_server.llm import (
+    JUDGE_API_KEY_ENV,
+    BackendPool,
+    EngineFreeze,
+    JudgePool,
+    PauseLease,
+    PlacementPolicy,
+    RetryPolicy,
+    TokenizerCache,
+    VLLMClient,
+    WeightUpdate,
+    backend_profiles,
+    interference_profile,
+    make_policy,
+)
 from prorl_server.observability import ServerMetrics
-from prorl_server.pipeline import Orchestrator
-from prorl_server.pipeline.groups import GroupRunner
-from prorl_server.pipeline.loop_thread import LoopThread
-from prorl_server.pipeline.result_store import ResultStore
-from prorl_server.sandbox import SandboxManager, SandboxSpec, make_runtime, new_owner_id
-from prorl_server.sandbox.cpu_grants import CpuPool
-from prorl_server.sandbox.errors import SandboxError
-from prorl_server.sandbox.network_guard import NetworkGuard, url_port
-from prorl_server.sandbox.private_dir import ensure_private_dir, user_dir
-from prorl_server.scheduling import make_predictor
-from prorl_server.scheduling.dispatch import DispatchPolicy
-from prorl_server.scheduling.placement_runtime import SharedPredictor
+from prorl_server.pipeline import GroupRunner, LoopThread, Orchestrator, ResultStore
+from prorl_server.sandbox import (
+    CpuPool,
+    NetworkGuard,
+    SandboxError,
+    SandboxManager,
+    SandboxSpec,
+    ensure_private_dir,
+    make_runtime,
+    new_owner_id,
+    url_port,
+    user_dir,
+)
+from prorl_server.scheduling import DispatchPolicy, SharedPredictor, make_predictor
 from prorl_server.threadsafe import call_in_loop
 from prorl_server.tool_call_formats import tool_format
 

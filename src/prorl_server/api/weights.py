@@ -26,8 +26,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from prorl_server.api.responses import model_response
 from prorl_server.api.state import ServerState, get_state
-from prorl_server.llm.engine_freeze import FreezeRefused
-from prorl_server.llm.weight_update import WeightReloadFailed, WeightRestoreFailed, WeightUpdateConflict
+from prorl_server.llm import FreezeRefused, WeightReloadFailed, WeightRestoreFailed, WeightUpdateConflict
 from prorl_server.protocol import (
     PauseRequest,
     PauseResponse,

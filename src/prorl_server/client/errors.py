@@ -8,7 +8,7 @@ import httpx
 
 from prorl_server.auth_key import API_KEY_FILE_ENV, DEFAULT_LOCATION
 from prorl_server.errors import TrainerError
-from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.protocol import API_KEY_ENV
 
 if TYPE_CHECKING:
     from prorl_server.client.connection import Answer

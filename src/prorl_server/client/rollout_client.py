@@ -28,8 +28,7 @@ from prorl_server.client.retry import RetryPolicy
 from prorl_server.client.stream import Cursor
 from prorl_server.client.weight_sync import ClusterWeightUpdate
 from prorl_server.client.work_ledger import WorkLedger
-from prorl_server.protocol import HandlerInfo, HealthResponse, JobList, StatusResponse
-from prorl_server.protocol.endpoints import read_endpoints
+from prorl_server.protocol import HandlerInfo, HealthResponse, JobList, StatusResponse, read_endpoints
 
 __all__ = ["GroupRequestLike", "Request", "RolloutClient"]
 

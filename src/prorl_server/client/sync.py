@@ -28,8 +28,7 @@ from prorl_server.client.deprecated import add_deprecated_aliases
 from prorl_server.client.resources import APIResource, Backends, Groups, Jobs, Weights
 from prorl_server.client.rollout_client import RolloutClient
 from prorl_server.client.stream import Cursor
-from prorl_server.protocol import JobResult
-from prorl_server.protocol.endpoints import read_endpoints
+from prorl_server.protocol import JobResult, read_endpoints
 from prorl_server.threadsafe import call_in_loop, run_in_loop
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from prorl_server.devllm.validation import (
 )
 from prorl_server.devllm.vllm_routes import VLLMServing, add_vllm_routes
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
-from prorl_server.protocol.vllm import (
+from prorl_server.protocol import (
     ChatCompletionLogProbs,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -41,13 +41,13 @@ from prorl_server.protocol.vllm import (
     CompletionResponseChoice,
     DetokenizeRequest,
     DetokenizeResponse,
-    ErrorInfo,
-    ErrorResponse,
     ModelCard,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
     UsageInfo,
+    VllmErrorInfo,
+    VllmErrorResponse,
     random_id,
 )
 
@@ -70,7 +70,7 @@ class SampledRecord(BaseModel):
 
 def error_response(message: str, *, status: int, error_type: str, param: str | None = None) -> JSONResponse:
     """vLLM's error body with `code` = the HTTP status."""
-    body = ErrorResponse(error=ErrorInfo(message=message, type=error_type, param=param, code=status))
+    body = VllmErrorResponse(error=VllmErrorInfo(message=message, type=error_type, param=param, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
 
 

@@ -17,7 +17,7 @@ from fastapi import Body, FastAPI, Query
 from fastapi.responses import JSONResponse
 
 from prorl_server.devllm.errors import DevLLMRequestError
-from prorl_server.protocol.vllm import WeightVersionSpan
+from prorl_server.protocol import WeightVersionSpan
 
 DEFAULT_LABEL = "default"  # vLLM's label before any `update_weight_version`
 

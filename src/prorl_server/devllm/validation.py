@@ -24,7 +24,7 @@ from typing import Any
 
 from prorl_server.devllm.errors import DevLLMRequestError, vllm_error
 from prorl_server.devllm.sampler import SamplingParams
-from prorl_server.protocol.vllm import MAX_LOGPROBS, ChatCompletionRequest, CompletionRequest, SamplingFields
+from prorl_server.protocol import MAX_LOGPROBS, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 PYDANTIC_ERROR_TYPE = "Bad Request"  # vLLM's `type` for a request its pydantic models reject
 NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."

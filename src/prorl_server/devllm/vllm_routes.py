@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from prorl_server.protocol.vllm import (
+from prorl_server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

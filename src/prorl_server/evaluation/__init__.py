@@ -16,8 +16,9 @@ Modules: pass_at_k.py (the estimator), report.py (aggregation, the table), runne
 `RolloutClient`), tracking.py (MLflow, W&B offline; imported only when asked), cli.py (the flags).
 """
 
+from prorl_server.evaluation.cli import add_arguments, run_from_args
 from prorl_server.evaluation.errors import EvalError
 from prorl_server.evaluation.pass_at_k import pass_at_k
 from prorl_server.evaluation.report import Report, Row, Sample, aggregate, table
 
-__all__ = ["EvalError", "Report", "Row", "Sample", "aggregate", "pass_at_k", "table"]
+__all__ = ["EvalError", "Report", "Row", "Sample", "add_arguments", "aggregate", "pass_at_k", "run_from_args", "table"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prorl_server.evaluation.errors import EvalError
 from prorl_server.evaluation.report import Report, aggregate, table
-from prorl_server.protocol.server import API_KEY_ENV
+from prorl_server.protocol import API_KEY_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,3 +7,19 @@ token-exact segments of each chain), `chains` (which chain, and which segment of
 `messages` (a harness's messages as the template and the comparison see them) and `errors` (OpenAI's error
 shape). This package imports no handler code, so `JobContext` can open sessions.
 """
+
+from prorl_server.gateway.bridge import SessionBridge
+from prorl_server.gateway.sandbox_access import PLACEHOLDER_KEY, check_spec, gateway_env, sandbox_spec, start_relay
+from prorl_server.gateway.sessions import CallObserver, GatewayLimits, SessionRegistry
+
+__all__ = [
+    "PLACEHOLDER_KEY",
+    "CallObserver",
+    "GatewayLimits",
+    "SessionBridge",
+    "SessionRegistry",
+    "check_spec",
+    "gateway_env",
+    "sandbox_spec",
+    "start_relay",
+]

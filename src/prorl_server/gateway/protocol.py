@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prorl_server.protocol.bounded import TaskJson
-from prorl_server.protocol.sessions import HARNESS_SAMPLING_FIELDS, MAX_NAME_CHARS
+from prorl_server.protocol import HARNESS_SAMPLING_FIELDS, MAX_NAME_CHARS, TaskJson
 
 MAX_STOP_STRINGS = 16
 MAX_TOOLS = 256

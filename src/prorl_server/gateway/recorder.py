@@ -29,11 +29,9 @@ from prorl_server.gateway.chains import Chain, Digest, Move, digest, head_of, pl
 from prorl_server.gateway.errors import ContextLengthExceeded, GatewayError, bad_request
 from prorl_server.gateway.messages import check_messages, message_key, reply_key, reply_of, template_message
 from prorl_server.gateway.protocol import AssistantReply, ChatCompletionRequest
-from prorl_server.llm import LLMSession
-from prorl_server.llm.backend_pool import BackendPool
-from prorl_server.llm.errors import SessionFinished
+from prorl_server.llm import BackendPool, LLMSession, SessionFinished
 from prorl_server.protocol import ChainRecord, Trajectory
-from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.scheduling import DispatchPolicy
 from prorl_server.tool_call_formats import ToolCallFormat, backend_format, keep_call_markers
 
 MAX_REMEMBERED_REPLIES = 4096

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prorl_server.sandbox.base import Sandbox
-from prorl_server.sandbox.errors import SandboxError
-from prorl_server.sandbox.spec import Bind, SandboxSpec
+from prorl_server.sandbox import Bind, Sandbox, SandboxError, SandboxSpec
 
 if TYPE_CHECKING:
     from prorl_server.gateway.bridge import SessionBridge

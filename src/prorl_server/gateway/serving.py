@@ -31,7 +31,7 @@ from prorl_server.gateway.protocol import (
 )
 from prorl_server.gateway.recorder import RecordedCall
 from prorl_server.gateway.sessions import GatewayLimits, GatewaySession
-from prorl_server.llm.errors import (
+from prorl_server.llm import (
     BackendRequestError,
     BackendStalled,
     BackendUnavailable,

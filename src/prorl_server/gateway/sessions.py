@@ -26,11 +26,16 @@ from dataclasses import dataclass, field
 from prorl_server.gateway.errors import GatewayError, invalid_key, session_not_found
 from prorl_server.gateway.recorder import ConversationRecorder
 from prorl_server.gateway.responses.store import ResponseStore
-from prorl_server.llm.backend_pool import BackendPool
-from prorl_server.llm.errors import LLMError
-from prorl_server.protocol import ChainRecord, OpenSessionRequest, RewardChains, SessionResult, SideCalls
-from prorl_server.protocol.sessions import MAX_HARNESS_MODELS
-from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.llm import BackendPool, LLMError
+from prorl_server.protocol import (
+    MAX_HARNESS_MODELS,
+    ChainRecord,
+    OpenSessionRequest,
+    RewardChains,
+    SessionResult,
+    SideCalls,
+)
+from prorl_server.scheduling import DispatchPolicy
 from prorl_server.threadsafe import call_in_loop, running_loop
 from prorl_server.tool_call_formats import ToolCallFormat
 

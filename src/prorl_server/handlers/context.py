@@ -12,24 +12,17 @@ from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from prorl_server.actions.model_services import ModelServiceCache, ModelServiceRefused
-from prorl_server.actions.quota import QuotaRegistry, Slot
+from prorl_server.actions import ModelServiceCache, ModelServiceRefused, QuotaRegistry, Slot
 from prorl_server.errors import HandlerApiError
-from prorl_server.gateway.bridge import SessionBridge
-from prorl_server.gateway.sandbox_access import check_spec, sandbox_spec, start_relay
-from prorl_server.gateway.sessions import SessionRegistry
+from prorl_server.gateway import SessionBridge, SessionRegistry, check_spec, sandbox_spec, start_relay
 from prorl_server.handlers.failure import cancel_requested
-from prorl_server.llm import LLMError, LLMSession
-from prorl_server.llm.judge import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable
+from prorl_server.llm import HOW_TO_CONFIGURE, JudgePool, JudgeUnavailable, LLMError, LLMSession
 from prorl_server.protocol import OpenSessionRequest, RewardChains, SessionResult, SideCalls, Stage, Trajectory
-from prorl_server.sandbox.base import Sandbox
-from prorl_server.sandbox.manager import SandboxManager
-from prorl_server.sandbox.private_dir import ensure_private_dir
-from prorl_server.sandbox.spec import SandboxSpec
+from prorl_server.sandbox import Sandbox, SandboxManager, SandboxSpec, ensure_private_dir
 from prorl_server.threadsafe import run_in_loop, running_loop
 
 if TYPE_CHECKING:
-    from prorl_server.sandbox.snapshot import Snapshot
+    from prorl_server.sandbox import Snapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

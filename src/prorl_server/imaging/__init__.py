@@ -6,8 +6,8 @@
 - `InstanceImages` (instance_images.py) builds a dataset instance's image on its repository's base, through
   a `BuildQueue` (build_queue.py: bounded, single-flight) into an `ImageCache` (image_cache.py: a size budget,
   leases on the images in use).
-- podman_images.py builds the podman runtime's images in podman's local storage; its names are imported from
-  that module (its `build_dockerfile` is podman's, not the one here).
+- `build_podman_image()` and `import_podman_rootfs()` (podman_images.py) build the podman runtime's images in
+  podman's local storage (from a Dockerfile, or a root directory).
 
 This package sits above sandbox/: it builds with the runtimes' pieces (apptainer's binary and cache, podman's
 command, the execution server's packages), and no runtime imports it. docs/sandboxes.md has the details.
@@ -15,6 +15,7 @@ command, the execution server's packages), and no runtime imports it. docs/sandb
 
 from prorl_server.imaging.build_queue import BuildQueue
 from prorl_server.imaging.dockerfile import (
+    STEP,
     Conversion,
     DockerfileError,
     build_dockerfile,
@@ -34,11 +35,14 @@ from prorl_server.imaging.images import (
     ImageBuildError,
 )
 from prorl_server.imaging.instance_images import ImageSpec, ImageSpecError, InstanceImage, InstanceImages
+from prorl_server.imaging.podman_images import build_dockerfile as build_podman_image
+from prorl_server.imaging.podman_images import import_rootfs as import_podman_rootfs
 
 __all__ = [
     "CACHE_MODES",
     "DEFAULTS",
     "IMAGE_CACHE_DIR",
+    "STEP",
     "TEMPLATES",
     "BuildQueue",
     "BuiltImage",
@@ -54,7 +58,9 @@ __all__ = [
     "InstanceImage",
     "InstanceImages",
     "build_dockerfile",
+    "build_podman_image",
     "convert",
     "explain_dockerfile",
+    "import_podman_rootfs",
     "parse_mapping",
 ]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from prorl_server.sandbox.apptainer import unpacked_path
+from prorl_server.sandbox import unpacked_path
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,15 @@ import jinja2.meta
 
 from prorl_server._version import __version__
 from prorl_server.errors import ImageError
-from prorl_server.sandbox.apptainer import CACHE_DIR, NOT_FOUND, find_apptainer, stage_tool_packages, unpack_sif
-from prorl_server.sandbox.errors import SandboxError
-from prorl_server.sandbox.private_dir import ensure_private_dir
+from prorl_server.sandbox import (
+    CACHE_DIR,
+    NOT_FOUND,
+    SandboxError,
+    ensure_private_dir,
+    find_apptainer,
+    stage_tool_packages,
+    unpack_sif,
+)
 
 CacheMode = Literal["scratch", "versioned", "lock"]
 CACHE_MODES: tuple[CacheMode, ...] = ("scratch", "versioned", "lock")

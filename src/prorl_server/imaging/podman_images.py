@@ -28,8 +28,7 @@ from pathlib import Path
 
 from prorl_server.imaging.dockerfile import read_instructions
 from prorl_server.imaging.images import IMAGE_CACHE_DIR, ImageBuildError, base_identity, tree_sha256
-from prorl_server.sandbox.podman import podman_command
-from prorl_server.sandbox.private_dir import ensure_private_dir
+from prorl_server.sandbox import ensure_private_dir, podman_command
 
 ROOTFS_REPO = "localhost/prorl-rootfs"
 DOCKERFILE_REPO = "localhost/prorl-dockerfile"

@@ -15,11 +15,11 @@ from prorl_server.journal.lock import JournalLock
 from prorl_server.journal.process import WriterProcess
 from prorl_server.journal.recovery import InFlightJob, Recovered, recover
 from prorl_server.journal.writer import JournalWriter
-from prorl_server.pipeline.errors import SubmissionError
+from prorl_server.pipeline import SubmissionError
 from prorl_server.protocol import ErrorInfo, ErrorKind, ErrorStage, JobResult, JobStatus
 
 if TYPE_CHECKING:
-    from prorl_server.pipeline.orchestrator import Orchestrator
+    from prorl_server.pipeline import Orchestrator
 
 log = logging.getLogger(__name__)
 

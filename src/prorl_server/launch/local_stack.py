@@ -43,10 +43,9 @@ from types import FrameType, TracebackType
 import httpx
 
 from prorl_server.auth_key import client_api_key
-from prorl_server.protocol.server import API_KEY_ENV
-from prorl_server.vllm_cpu.install import VllmCpuInstall
-from prorl_server.vllm_cpu.launcher import READY_TIMEOUT_S as VLLM_READY_TIMEOUT_S
-from prorl_server.vllm_cpu.launcher import VllmCpuSettings, stop_session, vllm_command, vllm_environment
+from prorl_server.protocol import API_KEY_ENV
+from prorl_server.vllm_cpu import READY_TIMEOUT_S as VLLM_READY_TIMEOUT_S
+from prorl_server.vllm_cpu import VllmCpuInstall, VllmCpuSettings, stop_session, vllm_command, vllm_environment
 
 READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 15.0

@@ -22,7 +22,7 @@ import httpx
 from prorl_server.auth_key import ApiKeyFileError
 from prorl_server.client import RolloutClient, RolloutServerError
 from prorl_server.errors import LaunchError
-from prorl_server.protocol.endpoints import Announcement, Endpoints, write_atomically
+from prorl_server.protocol import Announcement, Endpoints, write_atomically
 
 POLL_S = 0.5
 ROLE_DIRS = {"server": "servers", "backend": "backends"}

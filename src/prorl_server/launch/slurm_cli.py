@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from prorl_server.launch.slurm import ENDPOINTS_FILE, DeploymentError, announce, register
-from prorl_server.sandbox.cpu_grants import cpu_slice, format_cpus
+from prorl_server.sandbox import cpu_slice, format_cpus
 
 READY_TIMEOUT_S = 1800.0
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictStr, ValidationError
 
-from prorl_server.actions.quota import QuotaConfig, ServiceQuota
+from prorl_server.actions import QuotaConfig, ServiceQuota
 from prorl_server.errors import ProrlError
 from prorl_server.llm import response_limits as limits
 from prorl_server.llm.errors import (

@@ -15,12 +15,17 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from prorl_server.llm.backend import Backend
-from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
-from prorl_server.scheduling.placement_runtime import TrajectoryPlacer
-from prorl_server.scheduling.predictor import LengthPredictor, make_predictor
-from prorl_server.scheduling.profile import Profile
-from prorl_server.scheduling.profile_file import is_profile_path, read_profile_file
-from prorl_server.scheduling.view import TrajectoryView
+from prorl_server.scheduling import (
+    DEFAULT_PROFILE,
+    LatencyProfile,
+    LengthPredictor,
+    Profile,
+    TrajectoryPlacer,
+    TrajectoryView,
+    is_profile_path,
+    make_predictor,
+    read_profile_file,
+)
 
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-4
 """Prefix recompute cost a migration is charged per context token (the simulator's default prefill time)."""

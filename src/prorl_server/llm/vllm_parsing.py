@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from prorl_server.llm.errors import BackendProtocolError
-from prorl_server.protocol.vllm import (
+from prorl_server.protocol import (
     MAX_TOKEN_ID,
     TOKEN_ID_PREFIX,
     CompletionLogProbs,

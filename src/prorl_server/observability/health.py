@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prorl_server.pipeline import Job, Orchestrator
 from prorl_server.protocol import ActionKindStatus, ActionsStatus, SchedulingStatus, StatusResponse
-from prorl_server.sandbox.manager import SandboxManager
+from prorl_server.sandbox import SandboxManager
 
 STALL_S = 10.0
 """Seconds a stage's event loop may be late to turn before /health calls the server degraded."""

@@ -19,17 +19,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prorl_server.actions.model_services import ModelServiceSnapshot, ServiceState
+from prorl_server.actions import ModelServiceSnapshot, ServiceState
 from prorl_server.observability.activity import RecentActivity, trajectory_tokens
 from prorl_server.observability.health import status_report
-from prorl_server.pipeline.loop_lag import PROBE_S, LoopLag
-from prorl_server.protocol import JobResult
-from prorl_server.protocol.stages import STAGES
+from prorl_server.pipeline import PROBE_S, LoopLag
+from prorl_server.protocol import STAGES, JobResult
 from prorl_server.tool_server.responses import RESPONSES
 
 if TYPE_CHECKING:
-    from prorl_server.actions import ActionScheduler, Distribution
-    from prorl_server.actions.quota import QuotaSnapshot
+    from prorl_server.actions import ActionScheduler, Distribution, QuotaSnapshot
     from prorl_server.pipeline import Orchestrator
 
 MAX_DATA_SOURCE_LABELS = 32

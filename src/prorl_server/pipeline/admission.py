@@ -22,16 +22,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from prorl_server.handlers import AGENT_CONFIG_KEYS, HandlerLoadError, HandlerRegistry, JobContext, UnknownDataSource
-from prorl_server.handlers.failure import exception_location, exception_message
+from prorl_server.handlers import (
+    AGENT_CONFIG_KEYS,
+    HandlerLoadError,
+    HandlerRegistry,
+    JobContext,
+    UnknownDataSource,
+    exception_location,
+    exception_message,
+)
 from prorl_server.llm import LLMSession
 from prorl_server.pipeline.errors import DuplicateJob, InvalidInstance, NotAccepting
 from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.handler_calls import HandlerMethods
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.timer import PausableTimer
-from prorl_server.protocol import JobResult, ProcessRequest, Trajectory
-from prorl_server.protocol.stages import Stage
+from prorl_server.protocol import JobResult, ProcessRequest, Stage, Trajectory
 
 if TYPE_CHECKING:
     from prorl_server.pipeline.orchestrator import Orchestrator

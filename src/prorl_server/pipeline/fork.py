@@ -30,10 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prorl_server.errors import PipelineError
-from prorl_server.handlers.context import JobContext, ReleaseCallback
-from prorl_server.sandbox.errors import SandboxError
-from prorl_server.sandbox.manager import SandboxManager
-from prorl_server.sandbox.snapshot import Snapshot
+from prorl_server.handlers import JobContext, ReleaseCallback
+from prorl_server.sandbox import SandboxError, SandboxManager, Snapshot
 
 log = logging.getLogger(__name__)
 

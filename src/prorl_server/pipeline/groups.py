@@ -36,7 +36,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 
-from prorl_server.handlers.registry import HandlerLoadError, UnknownDataSource
+from prorl_server.handlers import HandlerLoadError, UnknownDataSource
 from prorl_server.pipeline.admission import FinishedJob, check_instance
 from prorl_server.pipeline.errors import DuplicateJob, SubmissionError
 from prorl_server.pipeline.fork import GroupFork
@@ -44,14 +44,16 @@ from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.orchestrator import Orchestrator
 from prorl_server.pipeline.redundancy import LengthHistory
 from prorl_server.pipeline.refill import refill_reason
-from prorl_server.protocol import JobResult, JobStatus, ProcessRequest
-from prorl_server.protocol.groups import (
+from prorl_server.protocol import (
     GroupMember,
     GroupRefill,
     GroupRequest,
     GroupResult,
     GroupStatus,
+    JobResult,
+    JobStatus,
     MemberRole,
+    ProcessRequest,
     Selection,
 )
 

@@ -12,10 +12,9 @@ from functools import partial
 from typing import Any
 
 from prorl_server.errors import PipelineError
-from prorl_server.handlers import AgentHandler, JobContext
-from prorl_server.handlers.failure import cancel_requested, exception_message
+from prorl_server.handlers import AgentHandler, JobContext, cancel_requested, exception_message
 from prorl_server.pipeline.handler_threads import HandlerThreads
-from prorl_server.protocol.stages import Stage
+from prorl_server.protocol import Stage
 
 
 class HandlerFault(PipelineError):

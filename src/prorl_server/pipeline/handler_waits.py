@@ -13,7 +13,7 @@ from typing import Any
 from prorl_server.pipeline.handler_calls import HandlerFault, HandlerMethod
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.stage_pool import StagePool
-from prorl_server.protocol.stages import Stage
+from prorl_server.protocol import Stage
 
 log = logging.getLogger(__name__)
 

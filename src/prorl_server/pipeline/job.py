@@ -10,8 +10,7 @@ from prorl_server.handlers import JobContext
 from prorl_server.pipeline.fork import GroupFork
 from prorl_server.pipeline.handler_calls import HandlerMethods
 from prorl_server.pipeline.timer import PausableTimer
-from prorl_server.protocol import TERMINAL_STATUSES, JobResult, JobStatus
-from prorl_server.protocol.stages import STAGES, Stage
+from prorl_server.protocol import STAGES, TERMINAL_STATUSES, JobResult, JobStatus, Stage
 from prorl_server.threadsafe import call_in_loop, try_call_in_loop
 
 __all__ = ["STAGES", "Job"]

@@ -13,13 +13,11 @@ import asyncio
 import logging
 import threading
 
-from prorl_server.actions.model_services import ModelServiceCache
-from prorl_server.actions.quota import QuotaRegistry
+from prorl_server.actions import ModelServiceCache, QuotaRegistry
 from prorl_server.config import ServerSettings
-from prorl_server.gateway.sessions import SessionRegistry
+from prorl_server.gateway import SessionRegistry
 from prorl_server.handlers import HandlerRegistry
-from prorl_server.llm import BackendPool
-from prorl_server.llm.judge import JudgePool
+from prorl_server.llm import BackendPool, JudgePool
 from prorl_server.pipeline.admission import Admission, AdmissionLog, FinishedJob
 from prorl_server.pipeline.cross_loop_semaphore import CrossLoopSemaphore
 from prorl_server.pipeline.fork import GroupFork
@@ -31,10 +29,9 @@ from prorl_server.pipeline.outcome import Outcome, fault_error
 from prorl_server.pipeline.result_store import ResultStore
 from prorl_server.pipeline.stage_pool import StagePool
 from prorl_server.pipeline.stage_runner import StageRunner
-from prorl_server.protocol import ErrorKind, JobResult, JobStatus, ProcessRequest
-from prorl_server.protocol.stages import STAGES, Stage
-from prorl_server.sandbox.manager import SandboxManager
-from prorl_server.scheduling.dispatch import DispatchPolicy
+from prorl_server.protocol import STAGES, ErrorKind, JobResult, JobStatus, ProcessRequest, Stage
+from prorl_server.sandbox import SandboxManager
+from prorl_server.scheduling import DispatchPolicy
 
 __all__ = ["Orchestrator", "fault_error"]  # fault_error: its old home, still importable from here
 

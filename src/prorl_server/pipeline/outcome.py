@@ -15,14 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from prorl_server.handlers import default_error
-from prorl_server.handlers.failure import exception_location, exception_message, short_traceback
+from prorl_server.handlers import default_error, exception_location, exception_message, short_traceback
 from prorl_server.pipeline.handler_calls import HandlerFault
 from prorl_server.pipeline.handler_waits import now
 from prorl_server.pipeline.job import Job
-from prorl_server.protocol import TERMINAL_STATUSES, ErrorInfo, ErrorKind, JobResult, JobStatus, StageTiming
-from prorl_server.protocol.stages import STAGES, ErrorStage, Stage
-from prorl_server.scheduling.view import view_of
+from prorl_server.protocol import (
+    STAGES,
+    TERMINAL_STATUSES,
+    ErrorInfo,
+    ErrorKind,
+    ErrorStage,
+    JobResult,
+    JobStatus,
+    Stage,
+    StageTiming,
+)
+from prorl_server.scheduling import view_of
 
 if TYPE_CHECKING:
     from prorl_server.pipeline.orchestrator import Orchestrator

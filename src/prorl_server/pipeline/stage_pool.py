@@ -12,12 +12,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from prorl_server.handlers.failure import exception_message
+from prorl_server.handlers import exception_message
 from prorl_server.pipeline.handler_threads import HandlerThreads
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.loop_lag import LoopLag
 from prorl_server.pipeline.loop_thread import LoopThread
-from prorl_server.protocol.stages import Stage
+from prorl_server.protocol import Stage
 
 log = logging.getLogger(__name__)
 

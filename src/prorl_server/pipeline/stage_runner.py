@@ -17,15 +17,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from prorl_server.errors import error_kind_of
-from prorl_server.handlers import default_error
-from prorl_server.handlers.failure import exception_message
+from prorl_server.handlers import default_error, exception_message
 from prorl_server.pipeline.handler_calls import HandlerFault, parse_eval_outcome
 from prorl_server.pipeline.handler_waits import now, retrieve_exception
 from prorl_server.pipeline.job import Job
 from prorl_server.pipeline.outcome import fault_error, internal_error, with_origin
 from prorl_server.pipeline.timer import PausableTimer
-from prorl_server.protocol import ErrorInfo, ErrorKind, JobStatus
-from prorl_server.protocol.stages import Stage
+from prorl_server.protocol import ErrorInfo, ErrorKind, JobStatus, Stage
 
 if TYPE_CHECKING:
     from prorl_server.pipeline.orchestrator import Orchestrator

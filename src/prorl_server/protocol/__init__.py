@@ -3,8 +3,11 @@
 Everything that crosses HTTP is defined here and nowhere else.
 """
 
+from prorl_server.protocol.bounded import JOB_ID_MAX_CHARS, TaskJson
+from prorl_server.protocol.endpoints import Announcement, Endpoints, read_endpoints, write_atomically
 from prorl_server.protocol.error_kinds import ErrorKind
 from prorl_server.protocol.groups import (
+    GROUP_ID_MAX_CHARS,
     AdaptiveBudget,
     GroupAccepted,
     GroupMember,
@@ -38,6 +41,7 @@ from prorl_server.protocol.llm_servers import (
     RemoveLLMServerResponse,
 )
 from prorl_server.protocol.server import (
+    API_KEY_ENV,
     AckRequest,
     AckResponse,
     ActionKindStatus,
@@ -51,6 +55,9 @@ from prorl_server.protocol.server import (
     StatusResponse,
 )
 from prorl_server.protocol.sessions import (
+    HARNESS_SAMPLING_FIELDS,
+    MAX_HARNESS_MODELS,
+    MAX_NAME_CHARS,
     ChainRecord,
     HarnessParam,
     OpenSessionRequest,
@@ -60,6 +67,39 @@ from prorl_server.protocol.sessions import (
     SideCalls,
 )
 from prorl_server.protocol.stages import STAGES, ErrorStage, Stage
+from prorl_server.protocol.vllm import (
+    MAX_LOGPROBS,
+    MAX_TOKEN_ID,
+    TOKEN_ID_PREFIX,
+    ChatCompletionLogProbs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatMessage,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    ModelMeta,
+    SamplingFields,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    UsageInfo,
+    WeightVersionSpan,
+    WireResponse,
+    random_id,
+)
+
+# vLLM's error body, named apart from the job result's ErrorInfo
+from prorl_server.protocol.vllm import ErrorInfo as VllmErrorInfo
+from prorl_server.protocol.vllm import ErrorResponse as VllmErrorResponse
 from prorl_server.protocol.weights import (
     PauseRequest,
     PauseResponse,
@@ -73,17 +113,41 @@ from prorl_server.protocol.weights import (
 )
 
 __all__ = [
+    "API_KEY_ENV",
+    "GROUP_ID_MAX_CHARS",
+    "HARNESS_SAMPLING_FIELDS",
+    "JOB_ID_MAX_CHARS",
+    "MAX_HARNESS_MODELS",
+    "MAX_LOGPROBS",
+    "MAX_NAME_CHARS",
+    "MAX_TOKEN_ID",
     "STAGES",
     "TERMINAL_STATUSES",
+    "TOKEN_ID_PREFIX",
     "AckRequest",
     "AckResponse",
     "ActionKindStatus",
     "ActionsStatus",
     "AdaptiveBudget",
     "AddLLMServerRequest",
+    "Announcement",
     "CancelRequest",
     "CancelResponse",
     "ChainRecord",
+    "ChatCompletionLogProbs",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatCompletionResponseChoice",
+    "ChatMessage",
+    "ChatTokenLogprob",
+    "ChatTopLogprob",
+    "CompletionLogProbs",
+    "CompletionRequest",
+    "CompletionResponse",
+    "CompletionResponseChoice",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "Endpoints",
     "ErrorInfo",
     "ErrorKind",
     "ErrorStage",
@@ -105,6 +169,9 @@ __all__ = [
     "LLMServerList",
     "LifecycleResponse",
     "MemberRole",
+    "ModelCard",
+    "ModelList",
+    "ModelMeta",
     "OpenSessionRequest",
     "PauseRequest",
     "PauseResponse",
@@ -113,6 +180,7 @@ __all__ = [
     "RemoveLLMServerResponse",
     "RewardChains",
     "RollbackResponse",
+    "SamplingFields",
     "SchedulingStatus",
     "Selection",
     "SessionOpened",
@@ -124,11 +192,23 @@ __all__ = [
     "StatusResponse",
     "SwapRequest",
     "SwapResponse",
+    "TaskJson",
+    "TokenizeChatRequest",
+    "TokenizeCompletionRequest",
+    "TokenizeResponse",
     "Trajectory",
     "TurnRecord",
     "UpdateRequest",
     "UpdateResponse",
+    "UsageInfo",
+    "VllmErrorInfo",
+    "VllmErrorResponse",
     "WeightServer",
     "WeightSpan",
+    "WeightVersionSpan",
     "WeightsStatus",
+    "WireResponse",
+    "random_id",
+    "read_endpoints",
+    "write_atomically",
 ]

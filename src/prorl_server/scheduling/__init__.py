@@ -6,14 +6,17 @@ nothing here imports the pipeline.
 from prorl_server.scheduling.accuracy import Accuracy, accuracy_at_step, pearson, recall_at_top, replay
 from prorl_server.scheduling.dispatch import DISPATCH_POLICIES, DispatchPolicy
 from prorl_server.scheduling.heterogeneous import (
+    DEFAULT_PARALLEL_EFFICIENCY,
     Allocation,
     WorkerPlacement,
     anneal_allocation,
     parallel_profile,
     place_on_workers,
 )
+from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
 from prorl_server.scheduling.migration import LiveTrajectory, Migration, plan_migrations, scaled_targets
 from prorl_server.scheduling.partition import Placement, partition_makespan, place
+from prorl_server.scheduling.placement_runtime import SharedPredictor, TrajectoryPlacer
 from prorl_server.scheduling.predictor import (
     PREDICTORS,
     LengthPredictor,
@@ -23,15 +26,20 @@ from prorl_server.scheduling.predictor import (
     make_predictor,
 )
 from prorl_server.scheduling.profile import Profile
+from prorl_server.scheduling.profile_file import FORMAT, ProfileFile, is_profile_path, read_profile_file
 from prorl_server.scheduling.telemetry import TelemetrySnapshot, TrajectoryTelemetry
 from prorl_server.scheduling.view import Prediction, TrajectoryView, prompt_key_of, view_of
 
 __all__ = [
+    "DEFAULT_PARALLEL_EFFICIENCY",
+    "DEFAULT_PROFILE",
     "DISPATCH_POLICIES",
+    "FORMAT",
     "PREDICTORS",
     "Accuracy",
     "Allocation",
     "DispatchPolicy",
+    "LatencyProfile",
     "LengthPredictor",
     "LiveTrajectory",
     "Migration",
@@ -40,13 +48,17 @@ __all__ = [
     "Placement",
     "Prediction",
     "Profile",
+    "ProfileFile",
+    "SharedPredictor",
     "SourceMeanPredictor",
     "TelemetrySnapshot",
+    "TrajectoryPlacer",
     "TrajectoryTelemetry",
     "TrajectoryView",
     "WorkerPlacement",
     "accuracy_at_step",
     "anneal_allocation",
+    "is_profile_path",
     "make_predictor",
     "parallel_profile",
     "partition_makespan",
@@ -55,6 +67,7 @@ __all__ = [
     "place_on_workers",
     "plan_migrations",
     "prompt_key_of",
+    "read_profile_file",
     "recall_at_top",
     "replay",
     "scaled_targets",

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prorl_server.protocol.jobs import Trajectory
+from prorl_server.protocol import Trajectory
 
 
 @dataclass(frozen=True, slots=True)

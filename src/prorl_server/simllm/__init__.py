@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
+from prorl_server.scheduling import DEFAULT_PROFILE, LatencyProfile
 from prorl_server.simllm.config import SimLLMSettings
 
 if TYPE_CHECKING:
     from prorl_server.simllm.app import create_app
+    from prorl_server.simllm.cli import add_arguments, run_from_args
     from prorl_server.simllm.engine import SimEngine, SimTiming
     from prorl_server.simllm.server import SimLLMServer
 
@@ -24,6 +25,8 @@ _LAZY = {
     "SimEngine": "prorl_server.simllm.engine",
     "SimTiming": "prorl_server.simllm.engine",
     "SimLLMServer": "prorl_server.simllm.server",
+    "add_arguments": "prorl_server.simllm.cli",
+    "run_from_args": "prorl_server.simllm.cli",
 }
 
 __all__ = [
@@ -33,7 +36,9 @@ __all__ = [
     "SimLLMServer",
     "SimLLMSettings",
     "SimTiming",
+    "add_arguments",
     "create_app",
+    "run_from_args",
 ]
 
 

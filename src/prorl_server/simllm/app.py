@@ -14,17 +14,21 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from prorl_server.devllm.app import add_engine_basics, completion_logprobs, usage
-from prorl_server.devllm.keep_pause import add_keep_routes, spans
-from prorl_server.devllm.validation import (
+from prorl_server.devllm import (
+    VLLMServing,
+    add_engine_basics,
+    add_keep_routes,
+    add_vllm_routes,
     check_completion_request,
     check_prompt_ids,
+    completion_logprobs,
     fit_context,
     sampling_params,
+    spans,
+    usage,
 )
-from prorl_server.devllm.vllm_routes import VLLMServing, add_vllm_routes
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
-from prorl_server.protocol.vllm import (
+from prorl_server.protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
@@ -38,7 +42,7 @@ from prorl_server.protocol.vllm import (
 )
 from prorl_server.simllm.engine import SimEngine, SimTiming
 from prorl_server.simllm.metrics import sim_registry
-from prorl_server.testing.tokenizer_files import write_tokenizer_files
+from prorl_server.testing import write_tokenizer_files
 
 MODEL_ROOT = "simulated"  # the `root` of the model card without a tokenizer directory: there is no checkpoint
 

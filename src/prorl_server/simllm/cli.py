@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prorl_server.scheduling.latency_profile import LatencyProfile
-from prorl_server.scheduling.profile_file import is_profile_path
+from prorl_server.scheduling import LatencyProfile, is_profile_path
 from prorl_server.simllm.config import SimLLMSettings
 
 
@@ -84,7 +83,7 @@ def settings_from_args(args: argparse.Namespace) -> SimLLMSettings:
 
 def serve(settings: SimLLMSettings) -> None:
     """Serve until SIGINT/SIGTERM, and print one ready line once the port accepts."""
-    from prorl_server.devllm.cli import serve_announcing
+    from prorl_server.devllm import serve_announcing
     from prorl_server.simllm.app import create_app
     from prorl_server.simllm.engine import SimEngine
 

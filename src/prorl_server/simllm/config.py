@@ -6,9 +6,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prorl_server.scheduling.heterogeneous import DEFAULT_PARALLEL_EFFICIENCY
-from prorl_server.scheduling.latency_profile import DEFAULT_PROFILE, LatencyProfile
-from prorl_server.scheduling.profile_file import is_profile_path
+from prorl_server.scheduling import DEFAULT_PARALLEL_EFFICIENCY, DEFAULT_PROFILE, LatencyProfile, is_profile_path
 
 
 class SimLLMSettings(BaseModel):

@@ -28,10 +28,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from prorl_server.devllm.engine import EngineStats, Generation
-from prorl_server.devllm.keep_pause import DEFAULT_LABEL, track
-from prorl_server.devllm.sampler import SamplingParams
-from prorl_server.devllm.validation import check_model
+from prorl_server.devllm import DEFAULT_LABEL, EngineStats, Generation, SamplingParams, check_model, track
 from prorl_server.simllm.config import SimLLMSettings
 from prorl_server.simllm.outputs import request_rng, synthesize
 from prorl_server.simllm.prefix_cache import PrefixCache

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prorl_server.devllm.metrics import ENGINE_INDEX, LABELS, engine_registry
+from prorl_server.devllm import ENGINE_INDEX, LABELS, engine_registry
 
 if TYPE_CHECKING:
     from prorl_server.simllm.engine import SimEngine

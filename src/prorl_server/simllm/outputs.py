@@ -20,8 +20,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from prorl_server.devllm.engine import Generation
-from prorl_server.devllm.sampler import GREEDY_EPS, SamplingParams
+from prorl_server.devllm import GREEDY_EPS, Generation, SamplingParams
 from prorl_server.simllm.tokenizer import SimTokenizer
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz "

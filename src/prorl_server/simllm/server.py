@@ -7,7 +7,7 @@ from typing import Any
 from prorl_server.simllm.app import create_app
 from prorl_server.simllm.config import SimLLMSettings
 from prorl_server.simllm.engine import SimEngine
-from prorl_server.testing.uvicorn_thread import UvicornThread
+from prorl_server.testing import UvicornThread
 
 
 class SimLLMServer:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prorl_server.devllm.errors import DevLLMRequestError
-from prorl_server.llm.local_tokenizer import vllm_tool, without_claude_code_header
-from prorl_server.testing.toy_tokenizer import ToyChatTokenizer
+from prorl_server.devllm import DevLLMRequestError
+from prorl_server.llm import vllm_tool, without_claude_code_header
+from prorl_server.testing import ToyChatTokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -14,6 +14,7 @@ from prorl_server.testing.scripted_backend import (
     ToyChatTokenizer,
     create_scripted_backend_app,
 )
+from prorl_server.testing.tokenizer_files import write_tokenizer_files
 from prorl_server.testing.uvicorn_thread import UvicornThread
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "ToyChatTokenizer",
     "UvicornThread",
     "create_scripted_backend_app",
+    "write_tokenizer_files",
 ]

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from prorl_server.disconnect import CLIENT_CLOSED, until_disconnected
-from prorl_server.llm.vllm_client import JOB_ID_HEADER
+from prorl_server.llm import JOB_ID_HEADER
 
 FORWARDED_HEADERS = ("content-type", "authorization", "accept", JOB_ID_HEADER)
 

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from prorl_server.devllm.vllm_routes import add_vllm_routes
+from prorl_server.devllm import add_vllm_routes
 from prorl_server.testing.misbehaving import Endpoint, Fault, FaultRecord
 from prorl_server.testing.scripted_serving import ScriptedServing, error_body
 from prorl_server.testing.scripts import (

@@ -15,10 +15,9 @@ from urllib.parse import unquote
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from prorl_server.devllm.vllm_routes import VLLMServing
-from prorl_server.llm.local_tokenizer import vllm_tool, without_claude_code_header
-from prorl_server.llm.vllm_client import JOB_ID_HEADER
-from prorl_server.protocol.vllm import (
+from prorl_server.devllm import VLLMServing
+from prorl_server.llm import JOB_ID_HEADER, vllm_tool, without_claude_code_header
+from prorl_server.protocol import (
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatMessage,
@@ -26,13 +25,13 @@ from prorl_server.protocol.vllm import (
     CompletionResponse,
     CompletionResponseChoice,
     DetokenizeResponse,
-    ErrorInfo,
-    ErrorResponse,
     ModelCard,
     ModelList,
     ModelMeta,
     TokenizeResponse,
     UsageInfo,
+    VllmErrorInfo,
+    VllmErrorResponse,
 )
 from prorl_server.testing.misbehaving import Endpoint, misbehave
 from prorl_server.testing.scripts import (
@@ -52,7 +51,7 @@ Body = dict[str, Any]
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's error body: BadRequestError below 500, InternalServerError from 500."""
     err_type = "BadRequestError" if status < 500 else "InternalServerError"
-    return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=status)).model_dump()
+    return VllmErrorResponse(error=VllmErrorInfo(message=message, type=err_type, param=param, code=status)).model_dump()
 
 
 def error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:

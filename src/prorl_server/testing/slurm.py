@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from prorl_server.protocol.endpoints import Announcement, Endpoints, read_endpoints
+from prorl_server.protocol import Announcement, Endpoints, read_endpoints
 
 HOLD_HANDLER = "prorl_server.testing.hold_handler:SandboxHoldHandler"
 """`--handler` of the jobs that hold a sandbox until cancelled (`data_source` "sandbox_hold")."""

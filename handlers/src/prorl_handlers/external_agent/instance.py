@@ -7,8 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prorl_handlers.harnesses import HARNESSES
-from prorl_server.protocol import RewardChains, SideCalls
-from prorl_server.protocol.sessions import MAX_NAME_CHARS
+from prorl_server.protocol import MAX_NAME_CHARS, RewardChains, SideCalls
 
 MAX_FILES = 256
 MAX_PATH_CHARS = 1024

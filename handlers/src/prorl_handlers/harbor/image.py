@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from prorl_handlers.harbor.task import HarborTask, TaskError
-from prorl_server.imaging import Conversion, DockerfileError, ImageBuilder, ImageBuildError, build_dockerfile, convert
-from prorl_server.imaging.dockerfile import STEP
-from prorl_server.sandbox.apptainer import unpack_sif
-from prorl_server.sandbox.errors import SandboxError
+from prorl_server.imaging import (
+    STEP,
+    Conversion,
+    DockerfileError,
+    ImageBuilder,
+    ImageBuildError,
+    build_dockerfile,
+    convert,
+)
+from prorl_server.sandbox import SandboxError, unpack_sif
 
 WORKSPACE_TAR = "/opt/prorl/harbor/workspace.tar"
 RESERVED = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", "/run", "/opt/prorl", "/logs", "/tests", "/solution")

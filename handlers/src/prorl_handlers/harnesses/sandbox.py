@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prorl_handlers.harnesses import HARNESS_MOUNT, HARNESSES, Harness, HarnessRun, require_installed
-from prorl_server.gateway.sandbox_access import PLACEHOLDER_KEY, gateway_env
+from prorl_server.gateway import PLACEHOLDER_KEY, gateway_env
 from prorl_server.handlers import GatewayAccess
-from prorl_server.sandbox import Bind, Sandbox, SandboxSpec
-from prorl_server.sandbox.bwrap import HOST_SYSTEM
+from prorl_server.sandbox import HOST_SYSTEM, Bind, Sandbox, SandboxSpec
 
 HOME = "/tmp/harness-home"
 START_MARK = "/tmp/.prorl-harness-start"

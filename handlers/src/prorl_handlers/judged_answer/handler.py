@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from prorl_server import AgentHandler, JobContext
-from prorl_server.llm.judge import parse_verdict
+from prorl_server.llm import parse_verdict
 
 JUDGE_SYSTEM = "You grade answers to questions. You are strict about meaning and lenient about wording."
 JUDGE_TEMPLATE = """Question: {question}

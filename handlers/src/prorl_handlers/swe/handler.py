@@ -26,8 +26,7 @@ from prorl_server.imaging import (
     InstanceImages,
     parse_mapping,
 )
-from prorl_server.sandbox import Sandbox, SandboxSpec
-from prorl_server.sandbox.apptainer import unpack_sif
+from prorl_server.sandbox import Sandbox, SandboxSpec, unpack_sif
 
 REPOS_DIR = DATA_DIR / "repos"
 ENV_DATASET_DIR = "PRORL_SWE_DATASET_DIR"

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_STOP_STRINGS, MAX_TOOLS, usable_tools
-from prorl_server.protocol.bounded import TaskJson
+from prorl_server.protocol import TaskJson
 
 
 class _Lenient(BaseModel):

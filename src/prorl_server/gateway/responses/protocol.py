@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from prorl_server.gateway.protocol import MAX_NAME_CHARS, MAX_TOOLS, usable_tools
-from prorl_server.protocol.bounded import TaskJson
+from prorl_server.protocol import TaskJson
 
 MAX_METADATA_KEYS = 16
 MAX_INCLUDES = 32
