@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 import time
 import types
 
 import pytest
+from server_jobs import result, submit
 from trajectory_checks import assert_model_tokens_masked
 
 vf = pytest.importorskip("verifiers.v1")  # the `verifiers` extra (not in the test extra: it pins openai<3)
@@ -169,6 +171,20 @@ def test_a_wrong_turn_is_observed_and_the_right_ones_still_score(env_server, bac
     assert result["reward"] == 1.0 and result["eval"]["turns"] == 4
     assert [m["content"] for m in result["trajectory"]["messages"][3::2]] == ["Now say two."] * 2 + ["Now say three."]
     assert_model_tokens_masked(result["trajectory"])
+
+
+def test_concurrent_episodes_each_reach_their_own_session(env_server, backend):
+    backend.double.push("one", "two", "three", job="a")
+    backend.double.push("one", "five", "two", "three", job="b")
+    for job_id, max_turns in (("a", 3), ("b", 4)):
+        submit(env_server, job_id, instance=count_task(max_turns=max_turns), sampling_params={"max_tokens": 16})
+
+    for job_id, turns in (("a", 3), ("b", 4)):
+        res = result(env_server, job_id, timeout=60)
+        assert res["status"] == "completed" and res["reward"] == 1.0, res["error"]
+        assert len(res["trajectory"]["turns"]) == turns
+        assert_model_tokens_masked(res["trajectory"])
+    assert not [name for name in os.environ if name.startswith("PRORL_VERIFIERS_KEY_")]  # removed at release
 
 
 def test_a_task_of_the_tasksets_own_load_is_taken_by_index(env_server, backend):
