@@ -279,6 +279,16 @@ def test_a_misbehaving_environment_fails_its_job_naming_it(env_server, backend, 
     assert_model_tokens_masked(result["trajectory"])
 
 
+def test_a_model_call_the_gateway_refuses_fails_the_job(start_server, strict):
+    server = start_server([strict.address], handlers={"verifiers": VerifiersHandler()})
+    server.state.gateway.public_url = server.url
+    result = process(server, count_task())  # the strict backend has no reply queued: the completion fails
+
+    assert result["status"] == "failed"
+    assert result["error"]["stage"] == "run" and result["error"]["type"] == "EnvironmentFailed"
+    assert "episode failed: ProviderError: upstream 400" in result["error"]["message"]  # verifiers' own record
+
+
 def test_an_episode_past_its_timeout_fails_the_job_at_once(env_server, backend):
     backend.double.push("one")
     started = time.monotonic()
