@@ -26,7 +26,7 @@ NESTED_ENV = "PRORL_VERIFIERS_NESTED"  # read by test_env_verifiers.py
 MODULE = "tests/handlers/test_env_verifiers.py"
 NESTED_TIMEOUT_S = 450  # 30-40 s on 2 shared cores; under pytest-timeout's 600 s, so the output is still shown
 # pytest -q's closing line: "25 passed in 30.15s", "1 failed, 24 passed, 2 warnings in 31.02s (0:00:31)", ...
-SUMMARY = re.compile(r"^((?:\d+ \w+, )*\d+ \w+) in [\d.]+s\b", re.MULTILINE)
+SUMMARY = re.compile(r"^(?:=+ )?((?:\d+ \w+, )*\d+ \w+) in [\d.]+s\b", re.MULTILINE)
 
 
 def outcomes(output: str) -> dict[str, int]:
