@@ -4,6 +4,7 @@
 # in this venv). The tests' .venv gets none of it: verifiers 0.4 pins openai<3, the test extra has openai 3.
 #
 #   bash scripts/setup-verifiers.sh   # about 3 minutes the first time (168 s on 2 shared cores), about 12 s after that (importing verifiers to check it)
+#                                     # and a minute where the checkout moved (pip builds both editable installs again)
 #
 # Where: $PRORL_VERIFIERS_HOME (default ~/.cache/prorl-server/verifiers): venv/. Remove it to start over.
 # prorl-server and prorl-handlers go in editable from this checkout (their plain dependencies, no extras; again
