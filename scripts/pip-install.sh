@@ -1,4 +1,4 @@
-# Sourced by the set-up scripts that keep an environment of their own (setup-vllm.sh, setup-verl.sh).
+# Sourced by the set-up scripts that keep an environment of their own (setup-vllm.sh, setup-verl.sh, setup-verifiers.sh).
 # pip_install ARGS...: `pip install ARGS` into $venv, showing how far it got; the whole output goes to
 # $home/pip.log, its end shown on failure (the message names $setup_name), which exits with pip's status.
 pip_install() {

@@ -3,11 +3,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/bootstrap.sh" test
-# verl's own environment installs beside the steps below (pip spends most of its time downloading and unpacking)
+# verl's and verifiers' own environments install beside the steps below (pip spends most of its time downloading
+# and unpacking), each in a process group of its own
 verl_log="$(mktemp -t prorl-setup-verl.XXXXXX)"
 setsid bash "$root/scripts/setup-verl.sh" >"$verl_log" 2>&1 &
 verl_pid=$!
-trap 'kill -- -"$verl_pid" 2>/dev/null || true' EXIT  # a step below failing stops it too (its process group)
+verifiers_log="$(mktemp -t prorl-setup-verifiers.XXXXXX)"
+setsid bash "$root/scripts/setup-verifiers.sh" >"$verifiers_log" 2>&1 &
+verifiers_pid=$!
+# a step below failing stops both too (their process groups); one trap for the two, cleared once both are waited for
+trap 'kill -- -"$verl_pid" 2>/dev/null || true; kill -- -"$verifiers_pid" 2>/dev/null || true' EXIT
 bash "$root/scripts/system-deps.sh"
 # where system-deps.sh can install chromium (root and apt-get), the dashboard test must run, not skip
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
@@ -61,8 +66,18 @@ if ! wait "$verl_pid"; then
   tail -30 "$verl_log" >&2
   exit 1
 fi
-trap - EXIT
 export PRORL_REQUIRE_VERL=1
+# verifiers 0.4.0 in an environment of its own (it pins openai<3, .venv has openai 3), for
+# tests/handlers/test_env_verifiers.py, which tests/handlers/test_env_verifiers_venv.py runs there as a nested
+# pytest (about 3 minutes the first time, seconds after; started beside verl's). It must run.
+echo "==> verifiers (its output: $verifiers_log)"
+if ! wait "$verifiers_pid"; then
+  echo "scripts/setup-verifiers.sh failed:" >&2
+  tail -30 "$verifiers_log" >&2
+  exit 1
+fi
+trap - EXIT
+export PRORL_REQUIRE_VERIFIERS=1
 cd "$root"
 echo "==> ruff"
 .venv/bin/ruff check src tests benchmarks examples handlers
