@@ -23,7 +23,8 @@ and K samples at temperature 1 (their mean reward, and pass@K). It prints a prog
 table row (train and held-out reward, KL to the initial policy, the training-inference mismatch on the
 trajectories sampled under the trainer's current weights, the share clipped, the trajectories with turns of
 an older version, the time split into rollout / train / sync; docs/trainers.md explains each column), and
-with `--plot` draws the learning curve as a PNG. `--no-update` is
+with `--plot` draws the learning curve as a PNG; `--mlflow-uri URI` and `--wandb-offline DIR` log the run (the
+config, each step's figures, the summary and the history) as `prorl-server eval` logs its report. `--no-update` is
 the control: the same loop with the weight update switched off (vLLM keeps the initial weights).
 """
 
@@ -474,6 +475,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     parser.add_argument("--no-update", action="store_true", help="control: never push the weights to vLLM")
     parser.add_argument("--json", type=Path, help="write the history (config, steps, mismatch) here")
     parser.add_argument("--plot", type=Path, help="draw the learning curve into this PNG")
+    parser.add_argument("--mlflow-uri", help="log the run (config, per-step figures, summary) to this MLflow URI")
+    parser.add_argument("--wandb-offline", type=Path, metavar="DIR", help="log the run to an offline W&B run here")
+    parser.add_argument("--experiment", default="prorl-train-grpo", help="MLflow experiment / W&B project")
+    parser.add_argument("--run-name", help="MLflow / W&B run name")
     args = parser.parse_args(argv)
     if min(args.steps, args.groups, args.max_tokens, args.max_turns, args.eval_every, args.eval_samples) < 1:
         parser.error("--steps, --groups, --max-tokens, --max-turns, --eval-every and --eval-samples must be >= 1")
@@ -483,6 +488,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
         parser.error("--group-size must be at least 2 (a group of one has no variance)")
     if not args.lr > 0:
         parser.error("--lr must be > 0")
+    from prorl_server.evaluation import EvalError, tracking
+
+    try:  # a tracker that is not installed is said before the run, not after it
+        for module, wanted in (("mlflow", args.mlflow_uri), ("wandb", args.wandb_offline)):
+            if wanted:
+                tracking.require(module)
+    except EvalError as exc:
+        parser.error(str(exc))
     config = TrainConfig(
         steps=args.steps,
         groups=args.groups,
@@ -517,7 +530,30 @@ def main(argv: list[str] | None = None) -> int:
 
             plot_learning_curve({"trained" if config.update else "control": out}, args.plot)
             print(f"learning curve drawn to {args.plot}")
+        track(out, config, args)
     return code
+
+
+def step_figures(step: dict[str, Any]) -> dict[str, float]:
+    """A step's numbers as tracker metrics: its scalar fields, and `held_out/<figure>` when it was scored."""
+    figures = {k: float(v) for k, v in step.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return figures | {f"held_out/{k}": float(v) for k, v in step.get("held_out", {}).items()}
+
+
+def track(out: dict[str, Any], config: TrainConfig, args: argparse.Namespace) -> None:
+    """Log the run to MLflow and/or an offline W&B run, as `prorl-server eval` does (the same flags): the
+    config as parameters, each step's figures at its step, the summary and the history as files."""
+    from prorl_server.evaluation import tracking
+
+    run_params = asdict(config)
+    steps = [step_figures(step) for step in out["steps"]]
+    texts = {"summary.txt": summary(out), "history.json": json.dumps(out, indent=1)}
+    if args.mlflow_uri:
+        run_id = tracking.mlflow_run(args.mlflow_uri, args.experiment, args.run_name, run_params, steps, texts)
+        print(f"MLflow run {run_id} at {args.mlflow_uri}")
+    if args.wandb_offline:
+        run_id = tracking.wandb_run(args.wandb_offline, args.experiment, args.run_name, run_params, steps, texts)
+        print(f"W&B offline run {run_id} in {args.wandb_offline}")
 
 
 if __name__ == "__main__":

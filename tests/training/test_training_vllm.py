@@ -46,9 +46,11 @@ def test_two_training_steps_change_the_engines_weights_and_the_next_turns_versio
         "--json",
         str(history),
     ]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    mlruns, wandb_runs = (tmp_path / "mlruns").as_uri(), tmp_path / "wandb-runs"
+    argv += ["--mlflow-uri", mlruns, "--wandb-offline", str(wandb_runs), "--run-name", "two-steps"]
+    # a directory store: mlflow-skinny has no sqlalchemy
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "train_r" in out and "held_r" in out and "rollout_s" in out and "sync_s" in out
@@ -70,6 +72,20 @@ def test_two_training_steps_change_the_engines_weights_and_the_next_turns_versio
     returned = record["mismatch_step0"]["returned_ids"]
     assert returned["tokens"] > 0 and returned["mean_abs"] < 1e-3 and returned["out_of_band"] == 0.0
     assert record["held_out_initial"].keys() == steps[1]["held_out"].keys() == {"greedy", "mean", "pass_at_k"}
+
+    # the run as the trackers hold it: the config, each step's figures at its step, the summary
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlruns)
+    (run,) = client.search_runs([client.get_experiment_by_name("prorl-train-grpo").experiment_id])
+    assert run.info.run_name == "two-steps" and run.data.params["steps"] == "2" and run.data.params["lr"] == "1e-05"
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in losses] == [(s["step"], s["loss"]) for s in steps]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "held_out/mean")] == [1]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"summary.txt", "history.json"}
+    (wandb_run,) = (wandb_runs / "wandb").glob("offline-run-*")
+    assert (wandb_run / "files" / "summary.txt").read_text().startswith("held-out mean reward")
+    assert f"W&B offline run {wandb_run.name.rsplit('-', 1)[1]} in {wandb_runs}" in out
 
 
 def test_trls_grpo_trainer_trains_on_prorl_server_rollouts(start_server, vllm, tmp_path):
