@@ -30,7 +30,7 @@ pytest_plugins = ("vllm_reload_fixtures",)
 EXAMPLE = EXAMPLES / "train_grpo.py"
 
 
-def test_two_training_steps_change_the_engines_weights_and_the_next_turns_version(vllm, tmp_path):
+def test_two_training_steps_change_the_engines_weights_and_the_next_turns_version(vllm, tmp_path, monkeypatch):
     """(`vllm` only gates on the engine being set up; the example starts its own.)"""
     history = tmp_path / "history.json"
     argv = [sys.executable, str(EXAMPLE), "--steps", "2", "--groups", "2", "--group-size", "4"]
@@ -48,8 +48,9 @@ def test_two_training_steps_change_the_engines_weights_and_the_next_turns_versio
     ]
     mlruns, wandb_runs = (tmp_path / "mlruns").as_uri(), tmp_path / "wandb-runs"
     argv += ["--mlflow-uri", mlruns, "--wandb-offline", str(wandb_runs), "--run-name", "two-steps"]
-    # a directory store: mlflow-skinny has no sqlalchemy
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    # a directory store (mlflow-skinny has no sqlalchemy), for the example and for the client below that reads it
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
