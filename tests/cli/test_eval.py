@@ -158,6 +158,30 @@ def test_eval_against_a_server_prints_the_table_and_writes_json(start_server, ba
     assert lines[-1].startswith("wall time ")
 
 
+class ConfigEchoHandler(AgentHandler):
+    """No model turn; reward 1 when the job carries the sampling params and agent config the test sends."""
+
+    name = "config_echo"
+
+    async def run(self, ctx: JobContext) -> None:
+        pass
+
+    async def eval(self, ctx: JobContext) -> float:
+        return float(ctx.sampling_params.get("temperature") == 0.5 and ctx.agent_config == {"max_turns": 2})
+
+
+def test_sampling_params_and_agent_config_reach_every_job(start_server, backend, tmp_path, capsys):
+    server = start_server([backend.address], handlers={"config_echo": ConfigEchoHandler()})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"data_source": "config_echo"}])
+    sent = ["--sampling-params", '{"temperature": 0.5}', "--agent-config", '{"max_turns": 2}']
+    code, out, err = run_eval([str(tasks), "--server", server.url, "--k", "3", *sent], capsys)
+    assert code == 0, err
+    overall = next(line.split() for line in out.splitlines() if line.startswith("overall"))
+    assert overall[1:7] == ["1", "3", "0", "1.0000", "1.0000", "1.0000"]
+    code, _, err = run_eval([str(tasks), "--server", server.url, "--agent-config", "[2]"], capsys)
+    assert code == 2 and err.strip() == "prorl-server eval: --agent-config must be a JSON object"
+
+
 # bad input ----------------------------------------------------------------------------------------
 
 

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=None, help="seconds of stage time per job (none: the server's)"
     )
     parser.add_argument("--sampling-params", type=json.loads, default=None, help="JSON object sent with every job")
+    parser.add_argument(
+        "--agent-config", type=json.loads, default=None, help='JSON object sent with every job, e.g. {"max_turns": 2}'
+    )
     parser.add_argument("--json", type=Path, default=None, dest="json_path", help="also write the figures here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--mlflow-uri", default=None, help="log the run to this MLflow tracking URI")
@@ -78,6 +81,8 @@ def run(args: argparse.Namespace) -> Report:
         raise EvalError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.sampling_params is not None and not isinstance(args.sampling_params, dict):
         raise EvalError("--sampling-params must be a JSON object")
+    if args.agent_config is not None and not isinstance(args.agent_config, dict):
+        raise EvalError("--agent-config must be a JSON object")
     if args.mlflow_uri is not None:
         tracking.require("mlflow")
     if args.wandb_offline is not None:
@@ -97,6 +102,7 @@ def run(args: argparse.Namespace) -> Report:
                 concurrency=args.concurrency,
                 api_key="" if args.local else args.api_key,
                 sampling_params=args.sampling_params,
+                agent_config=args.agent_config,
                 timeout=args.timeout,
                 progress=not args.no_progress,
             )

@@ -61,12 +61,13 @@ async def evaluate(
     concurrency: int,
     api_key: str | None = None,
     sampling_params: dict[str, Any] | None = None,
+    agent_config: dict[str, Any] | None = None,
     timeout: float | None = None,
     progress: bool = True,
 ) -> list[Sample]:
     """Run each task `k` times on `server` (at most `concurrency` jobs at once, each its own job id) and score
     the samples. EvalError when the server cannot be reached or has no handler for a task's data_source."""
-    requests = _requests(tasks, k, sampling_params or {}, timeout)
+    requests = _requests(tasks, k, sampling_params or {}, agent_config or {}, timeout)
     async with RolloutClient(server, api_key=api_key, retry=RetryPolicy(attempts=3, budget_s=10.0)) as client:
         await _check_server(client, tasks)
         slots = asyncio.Semaphore(concurrency)
@@ -87,7 +88,7 @@ async def evaluate(
 
 
 def _requests(
-    tasks: list[Task], k: int, sampling_params: dict[str, Any], timeout: float | None
+    tasks: list[Task], k: int, sampling_params: dict[str, Any], agent_config: dict[str, Any], timeout: float | None
 ) -> list[tuple[int, ProcessRequest]]:
     """`k` jobs of each task, each with a job id of its own; EvalError naming the line of an invalid one."""
     run = uuid.uuid4().hex[:12]
@@ -96,7 +97,11 @@ def _requests(
         for i in range(k):
             try:
                 request = ProcessRequest(
-                    instance=instance, sampling_params=sampling_params, job_id=f"eval-{run}-{line}-{i}", timeout=timeout
+                    instance=instance,
+                    sampling_params=sampling_params,
+                    agent_config=agent_config,
+                    job_id=f"eval-{run}-{line}-{i}",
+                    timeout=timeout,
                 )
             except ValidationError as exc:
                 error = exc.errors()[0]
