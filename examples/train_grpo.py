@@ -8,9 +8,11 @@ prorl-server with the first-party handlers as child processes (stopped on exit, 
 the same float32 weights into torch on the trainer's side, and then, per step:
 
 1. **rollout**: `SyncDapoCollector` gathers B informative groups of G samples (reward variance > 0) of the
-   `short_answer` learning task: "Reply with just the word: W", two tries (a wrong first reply is told
-   so, so observation tokens sit between the model's turns and are masked out of the loss); LLM
-   dispatching is then paused while the trainer has the cores;
+   learning task (`--task`): `echo` (the default, the `short_answer` handler's "Reply with just the word: W",
+   two tries: a wrong first reply is told so, so observation tokens sit between the model's turns and are
+   masked out of the loss) or `file_question` (a word in a file of the job's sandbox that only a `bash` tool
+   call can read, after one worked example; the tool's output is masked out); LLM dispatching is then paused
+   while the trainer has the cores;
 2. **train**: group-relative advantages; the trainer recomputes the logprobs of the returned ids and takes
    a policy-gradient step (`--loss clip` PPO-style or `--loss tis` truncated importance sampling, the
    ratio against the rollout's own `response_logprobs`) with AdamW;
@@ -18,8 +20,9 @@ the same float32 weights into torch on the trainer's side, and then, per step:
    makes vLLM load them before dispatching resumes (`CheckpointSync`), so the next step's turns carry weight
    version step + 1 (bounded staleness: `--max-staleness 1` on the server).
 
-Every `--eval-every` steps the held-out words (never trained on) are scored through prorl-server: greedy,
-and K samples at temperature 1 (their mean reward, and pass@K). It prints a progress bar per step and a
+Every `--eval-every` steps the held-out instances (words never trained on) are scored through prorl-server:
+greedy, and K samples at temperature 1 (their mean reward, and pass@K); `--final-eval-k N` scores them once
+more at the end with `prorl-server eval --k N` (pass@1, pass@N). It prints a progress bar per step and a
 table row (train and held-out reward, KL to the initial policy, the training-inference mismatch on the
 trajectories sampled under the trainer's current weights, the share clipped, the trajectories with turns of
 an older version, the time split into rollout / train / sync; docs/trainers.md explains each column), and
@@ -31,10 +34,12 @@ the control: the same loop with the weight update switched off (vLLM keeps the i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,9 +52,31 @@ from prorl_server.client import SyncDapoCollector, SyncRolloutClient
 from prorl_server.launch import LocalStack, run_with_stack
 from prorl_server.protocol import GroupResult, JobResult
 
-TASK = "short_answer"
 PROBE = "The quick brown fox jumps over the lazy dog, and then it runs back home."
 SETUP_HINT = "bash scripts/train.sh (or: bash scripts/setup-vllm.sh && bash scripts/bootstrap.sh train)"
+
+
+@dataclass(frozen=True)
+class LearningTask:
+    """A task to learn: the first-party handler whose `learning_tasks(split)` gives its train and held-out
+    instances, and the reply length and turns that suit it."""
+
+    handler: str
+    max_tokens: int
+    max_turns: int
+    about: str
+
+    def instances(self, split: str) -> list[dict[str, Any]]:
+        """The handler's instances of `split` ("train" or "held_out")."""
+        return importlib.import_module(f"prorl_handlers.{self.handler}").learning_tasks(split)
+
+
+TASKS = {
+    "echo": LearningTask("short_answer", 12, 2, '"Reply with just the word: W", two tries'),
+    "file_question": LearningTask(
+        "file_question", 40, 2, "the word in a file of the job's sandbox, read with the bash tool (a tool call)"
+    ),
+}
 
 
 @dataclass
@@ -61,8 +88,9 @@ class TrainConfig:
     group_size: int = 8  # samples per group (G)
     lr: float = 1e-5
     loss: str = "clip"
-    max_tokens: int = 12
-    max_turns: int = 2
+    task: str = "echo"  # a key of TASKS
+    max_tokens: int | None = None  # None: the task's
+    max_turns: int | None = None  # None: the task's
     eval_every: int = 4
     eval_samples: int = 4  # K: samples per held-out word at temperature 1 (mean reward and pass@K)
     held_out_words: int | None = None  # score only the first N held-out words (default: all 24)
@@ -70,6 +98,19 @@ class TrainConfig:
     seed: int = 0
     update: bool = True  # False: the control run, vLLM keeps the initial weights
     vllm_seqs: int = 8
+    final_eval_k: int = 0  # > 0: at the end, score the held-out set with `prorl-server eval --k N`
+
+    def __post_init__(self) -> None:
+        learning = TASKS[self.task]  # KeyError: an unknown task
+        if self.max_tokens is None:
+            self.max_tokens = learning.max_tokens
+        if self.max_turns is None:
+            self.max_turns = learning.max_turns
+
+    def sampling(self, temperature: float, seed: int | None = None) -> dict[str, Any]:
+        """A job's sampling params."""
+        params: dict[str, Any] = {"temperature": temperature, "max_tokens": self.max_tokens}
+        return params if seed is None else params | {"seed": seed}
 
 
 @dataclass
@@ -151,7 +192,7 @@ def missing_requirements() -> str | None:
     except ImportError as exc:
         return f"the trainer needs torch and transformers ({exc.name} is missing): {SETUP_HINT}"
     try:
-        from prorl_handlers.short_answer import learning_tasks  # noqa: F401
+        import prorl_handlers  # noqa: F401
     except ImportError:
         return "the first-party handlers are not installed: .venv/bin/pip install -e handlers"
     from prorl_server.vllm_cpu import VllmCpuInstall, unsupported_reason
@@ -164,11 +205,9 @@ def missing_requirements() -> str | None:
 
 
 def group_requests(config: TrainConfig) -> Iterator[dict[str, Any]]:
-    """Endless group requests over the training words, reshuffled each pass; member i of a group samples
-    with seed + i, so a run is repeatable."""
-    from prorl_handlers.short_answer import learning_tasks
-
-    tasks = learning_tasks("train")
+    """Endless group requests over the task's training instances, reshuffled each pass; member i of a group
+    samples with seed + i, so a run is repeatable."""
+    tasks = TASKS[config.task].instances("train")
     rng = random.Random(config.seed)
     seed = config.seed * 1_000_000
     while True:
@@ -178,7 +217,7 @@ def group_requests(config: TrainConfig) -> Iterator[dict[str, Any]]:
             yield {
                 "instance": instance,
                 "n": config.group_size,
-                "sampling_params": {"temperature": 1.0, "max_tokens": config.max_tokens, "seed": seed},
+                "sampling_params": config.sampling(1.0, seed),
                 "agent_config": {"max_turns": config.max_turns},
                 "timeout": 300,
             }
@@ -197,21 +236,18 @@ def probe_logprob(llm: str) -> float:
 
 
 def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[str, float]:
-    """Score the held-out words through the server: greedy, and K samples at temperature 1."""
-    from prorl_handlers.short_answer import learning_tasks
-
-    tasks = learning_tasks("held_out")[: config.held_out_words]
+    """Score the held-out instances through the server: greedy, and K samples at temperature 1."""
+    tasks = TASKS[config.task].instances("held_out")[: config.held_out_words]
     agent = {"max_turns": config.max_turns}
     greedy_ids = client.jobs.submit_many(
-        {"instance": t, "sampling_params": {"temperature": 0.0, "max_tokens": config.max_tokens}, "agent_config": agent}
-        for t in tasks
+        {"instance": t, "sampling_params": config.sampling(0.0), "agent_config": agent} for t in tasks
     )
     group_ids = [
         client.groups.submit(
             {
                 "instance": t,
                 "n": config.eval_samples,
-                "sampling_params": {"temperature": 1.0, "max_tokens": config.max_tokens, "seed": seed + 100 * i},
+                "sampling_params": config.sampling(1.0, seed + 100 * i),
                 "agent_config": agent,
             }
         )
@@ -226,7 +262,7 @@ def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[
     return {
         "greedy": statistics.fmean(greedy),
         "mean": statistics.fmean(flat),
-        "pass_at_k": statistics.fmean(1.0 if max(rewards) > 0 else 0.0 for rewards in sampled),
+        "pass_at_k": statistics.fmean(1.0 if max(rewards) >= 1.0 else 0.0 for rewards in sampled),
     }
 
 
@@ -319,6 +355,23 @@ class Learner:
         return {"returned_ids": ids.as_dict(), "reencoded_text": reencoded.as_dict()}
 
 
+def final_eval(server: str, config: TrainConfig, directory: Path) -> dict[str, Any]:
+    """`prorl-server eval` of the held-out instances, `config.final_eval_k` samples each at temperature 1, on
+    the running server (the policy it serves now): its report's overall row (pass@1, pass@k, mean reward)."""
+    tasks = directory / "held_out.jsonl"
+    tasks.write_text(
+        "".join(json.dumps(t) + "\n" for t in TASKS[config.task].instances("held_out")[: config.held_out_words])
+    )
+    report = directory / "eval.json"
+    argv = [sys.executable, "-m", "prorl_server.cli", "eval", str(tasks), "--server", server, "--no-progress"]
+    argv += ["--k", str(config.final_eval_k), "--json", str(report)]
+    argv += ["--sampling-params", json.dumps(config.sampling(1.0))]
+    argv += ["--agent-config", json.dumps({"max_turns": config.max_turns})]
+    subprocess.run(argv, check=True)  # its table goes to this process's output
+    overall = json.loads(report.read_text())["overall"]
+    return {"k": config.final_eval_k} | overall
+
+
 def checkpoint_dir() -> str | None:
     """/dev/shm when it has room for two checkpoints (about 1.1 GB), else the default temporary directory."""
     try:
@@ -363,8 +416,8 @@ def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: b
         client.weights.swap(0)  # the initial policy is version 0
         mode = "trained" if config.update else "control (weight update off)"
         say(
-            f"[3/3] {config.steps} steps of {config.groups} informative groups x {config.group_size} samples, "
-            f"loss {config.loss}, lr {config.lr:g}, {mode}\n"
+            f"[3/3] {config.steps} steps of {config.groups} informative groups x {config.group_size} samples of "
+            f"{config.task} ({TASKS[config.task].about}), loss {config.loss}, lr {config.lr:g}, {mode}\n"
         )
         initial = evaluate(client, config, seed=999_000)
         say(
@@ -428,6 +481,9 @@ def run(stack: LocalStack, config: TrainConfig, *, out: dict[str, Any], quiet: b
                     row.held_out = evaluate(client, config, seed=999_000 + step)
                 out["steps"].append(asdict(row) | {"step_s": row.step_s})
                 say(table_row(row), flush=True)
+        if config.final_eval_k:
+            say(f"\nscoring the held-out set with prorl-server eval, k = {config.final_eval_k}")
+            out["final_eval"] = final_eval(server, config, Path(ckpt))
     return 0
 
 
@@ -466,11 +522,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     parser.add_argument("--group-size", type=int, default=defaults.group_size, help="samples per group (G)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate")
     parser.add_argument("--loss", choices=["clip", "tis"], default=defaults.loss, help="importance correction")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="max_tokens of each reply")
-    parser.add_argument("--max-turns", type=int, default=defaults.max_turns, help="tries per word")
+    parser.add_argument(
+        "--task", choices=sorted(TASKS), default=defaults.task, help="what to learn (see the docstring)"
+    )
+    parser.add_argument("--max-tokens", type=int, help="max_tokens of each reply (default: the task's)")
+    parser.add_argument("--max-turns", type=int, help="turns per episode (default: the task's)")
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between held-out scores")
     parser.add_argument("--eval-samples", type=int, default=defaults.eval_samples, help="K for the held-out set")
-    parser.add_argument("--held-out-words", type=int, help="score only the first N held-out words (default: all)")
+    parser.add_argument("--held-out-words", type=int, help="score only the first N held-out instances (default: all)")
+    parser.add_argument(
+        "--final-eval-k", type=int, default=0, help="at the end, score the held-out set with prorl-server eval --k N"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="word order, sampling seeds, torch")
     parser.add_argument("--no-update", action="store_true", help="control: never push the weights to vLLM")
     parser.add_argument("--json", type=Path, help="write the history (config, steps, mismatch) here")
@@ -480,8 +542,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     parser.add_argument("--experiment", default="prorl-train-grpo", help="MLflow experiment / W&B project")
     parser.add_argument("--run-name", help="MLflow / W&B run name")
     args = parser.parse_args(argv)
-    if min(args.steps, args.groups, args.max_tokens, args.max_turns, args.eval_every, args.eval_samples) < 1:
+    given = [n for n in (args.max_tokens, args.max_turns) if n is not None]  # None: the task's
+    if min(args.steps, args.groups, *given, args.eval_every, args.eval_samples) < 1:
         parser.error("--steps, --groups, --max-tokens, --max-turns, --eval-every and --eval-samples must be >= 1")
+    if args.final_eval_k < 0:
+        parser.error("--final-eval-k must be >= 0")
     if args.held_out_words is not None and args.held_out_words < 1:
         parser.error("--held-out-words must be >= 1")
     if args.group_size < 2:
@@ -502,6 +567,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
         group_size=args.group_size,
         lr=args.lr,
         loss=args.loss,
+        task=args.task,
         max_tokens=args.max_tokens,
         max_turns=args.max_turns,
         eval_every=args.eval_every,
@@ -509,6 +575,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
         held_out_words=args.held_out_words,
         seed=args.seed,
         update=not args.no_update,
+        final_eval_k=args.final_eval_k,
     )
     return config, args
 

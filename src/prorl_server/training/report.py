@@ -22,7 +22,8 @@ def held_out_points(run: Mapping[str, Any], key: str = "mean") -> tuple[list[int
 
 
 def plot_learning_curve(runs: Mapping[str, Mapping[str, Any]], path: Path, *, title: str | None = None) -> None:
-    """Held-out reward (mean of K samples, and greedy) and train reward by step, one colour per run."""
+    """Held-out reward (mean of K samples, and greedy) and train reward by step, one colour per run; a run's
+    closing `prorl-server eval` (`final_eval`), when it has one, as its pass@1 after the last step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,8 +37,18 @@ def plot_learning_curve(runs: Mapping[str, Mapping[str, Any]], path: Path, *, ti
         xs, ys = held_out_points(run, "greedy")
         held.plot(xs, ys, linestyle="--", marker=".", color=colour, alpha=0.7, label=f"{name}: greedy")
         steps = run["steps"]
+        if final := run.get("final_eval"):  # prorl-server eval's pass@1 at the end (a line: a run of no step)
+            label, at = f"{name}: pass@1, prorl-server eval (k={final['k']})", len(steps)
+            if steps:
+                held.plot(
+                    [at], [final["pass_at_1"]], marker="*", markersize=12, color=colour, linestyle="", label=label
+                )
+            else:
+                held.axhline(final["pass_at_1"], color=colour, linestyle=":", label=label)
         train.plot([s["step"] for s in steps], [s["train_reward"] for s in steps], color=colour, alpha=0.8, label=name)
-    held.set(title="held-out words (never trained on)", xlabel="steps trained", ylabel="reward", ylim=(-0.02, 1.02))
+    held.set(
+        title="held-out instances (words never trained on)", xlabel="steps trained", ylabel="reward", ylim=(-0.02, 1.02)
+    )
     train.set(title="training groups (informative ones)", xlabel="step", ylabel="mean reward", ylim=(-0.02, 1.02))
     held.legend(fontsize=8)
     train.legend(fontsize=8)
