@@ -12,7 +12,11 @@ signal); else 0.0. An episode that ends on a tool call has no answer.
 
 `learning_tasks(split)` is the tool-use learning task (`examples/train_grpo.py --task file_question`): one
 word per instance, in one of four file names, over two disjoint word lists (`data/words.json`: train and
-held out). The model cannot know the word without running a command, so every reward is a tool call's.
+held out); the question names the command ("What word is written in /workspace/note.txt? Run: cat
+/workspace/note.txt"). The model cannot know the word without running it, so every reward is a tool call's.
+Untrained SmolLM2-135M-Instruct at temperature 1 gets it right 20% of the time (19 of 95 held-out samples):
+what it lacks is the call's format, which it writes malformed or fills with the tool's schema most of the
+time.
 """
 
 from __future__ import annotations
