@@ -37,9 +37,9 @@ def file_server(start_server, backend):
     assert server.state.orchestrator.sandboxes.live == 0
 
 
-def process(server, instance: dict, **sampling) -> dict:
-    body = {"instance": instance, "sampling_params": {"max_tokens": 256, **sampling}, "timeout": 60}
-    return server.http.post("/process", json=body).json()
+def process(server, instance: dict, *, timeout: float = 60, **sampling) -> dict:
+    body = {"instance": instance, "sampling_params": {"max_tokens": 256, **sampling}, "timeout": timeout}
+    return server.http.post("/process", json=body, timeout=timeout + 30).json()
 
 
 def test_reading_the_file_then_saying_the_word_gets_reward_1(file_server, backend):
@@ -109,7 +109,8 @@ def test_the_learning_task_splits_share_no_word_and_only_the_file_holds_it():
 
 def test_a_real_model_episode_keeps_the_engines_ids_and_logprobs(start_server, engine):
     server = start_server([engine.address], handlers={"file_question": FileQuestionHandler()}, runtime="bwrap")
-    result = process(server, learning_tasks("held_out")[0], max_tokens=24, temperature=1.0, seed=7)
+    # a real engine reads the worked examples' 500 prompt tokens first: a longer budget on a loaded machine
+    result = process(server, learning_tasks("held_out")[0], timeout=180, max_tokens=24, temperature=1.0, seed=7)
 
     assert result["status"] == "completed", result["error"]
     assert result["reward"] in (0.0, 1.0)
