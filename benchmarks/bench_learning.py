@@ -18,18 +18,19 @@ weight reload on) and a fresh prorl-server, the same seeds and the same task:
   (and the held-out set keeps being scored) with the initial weights. `--control-steps 0` skips its steps
   (they change nothing an evaluation sees): the untrained policy is scored before and at the end only.
 
-The task (`--task`, default `echo`) is `short_answer`'s learning set: "Reply with just the word: W", two tries (a wrong first reply is
-told so), reward 1 when the word appears in the last reply. Untrained SmolLM2-135M-Instruct at temperature 1
-gets it right about one time in six (0.18 on the held-out words): inside the 10-50% band where GRPO
+The task (`--task`, default `echo`) is `short_answer`'s learning set: "Reply with just the word: W", two
+tries (a wrong first reply is told so), reward 1 when the word appears in the last reply. Untrained
+SmolLM2-135M-Instruct at temperature 1 gets it right about one time in six (0.18 on the held-out words): inside the 10-50% band where GRPO
 groups are informative (most groups mix rewards), and the skill (repeat the word asked for) carries over
 to words never trained on, which is what the held-out set measures. `--task file_question` is the tool-use
 task: the word is in a file of the job's sandbox, which the model can only read with a `bash` tool call
-(after one worked example in the prompt), then say; docs/trainers.md has its curve. At the end of each run
+(after three worked examples in the prompt), then say; docs/trainers.md has its curve. At the end of each run
 the held-out set is scored once more by `prorl-server eval --k 4` (`--final-eval-k`): pass@1 and pass@4.
 
 Targets: held-out reward (mean of K samples at temperature 1) of the trained policy >= the control's + 0.2
-at the last evaluation; weight sync (save + reload) <= 10% of a step; the training-inference mismatch at step
-0 (same weights on both sides) reported for the returned ids and for re-encoded text.
+at the last evaluation, and so its pass@1 in the closing `prorl-server eval`; weight sync (save + reload)
+<= 10% of a step; the training-inference mismatch at step 0 (same weights on both sides) reported for the
+returned ids and for re-encoded text.
 
 JSON output (`--json PATH`)::
 

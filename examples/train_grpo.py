@@ -11,7 +11,7 @@ the same float32 weights into torch on the trainer's side, and then, per step:
    learning task (`--task`): `echo` (the default, the `short_answer` handler's "Reply with just the word: W",
    two tries: a wrong first reply is told so, so observation tokens sit between the model's turns and are
    masked out of the loss) or `file_question` (a word in a file of the job's sandbox that only a `bash` tool
-   call can read, after one worked example; the tool's output is masked out); LLM dispatching is then paused
+   call can read, after three worked examples; the tool's output is masked out); LLM dispatching is then paused
    while the trainer has the cores;
 2. **train**: group-relative advantages; the trainer recomputes the logprobs of the returned ids and takes
    a policy-gradient step (`--loss clip` PPO-style or `--loss tis` truncated importance sampling, the
@@ -235,9 +235,14 @@ def probe_logprob(llm: str) -> float:
     return sum(next(iter(entry.values()))["logprob"] for entry in entries)
 
 
+def held_out(config: TrainConfig) -> list[dict[str, Any]]:
+    """The held-out instances scored during and after the run (the first `held_out_words`, or all)."""
+    return TASKS[config.task].instances("held_out")[: config.held_out_words]
+
+
 def evaluate(client: SyncRolloutClient, config: TrainConfig, seed: int) -> dict[str, float]:
     """Score the held-out instances through the server: greedy, and K samples at temperature 1."""
-    tasks = TASKS[config.task].instances("held_out")[: config.held_out_words]
+    tasks = held_out(config)
     agent = {"max_turns": config.max_turns}
     greedy_ids = client.jobs.submit_many(
         {"instance": t, "sampling_params": config.sampling(0.0), "agent_config": agent} for t in tasks
@@ -359,9 +364,7 @@ def final_eval(server: str, config: TrainConfig, directory: Path) -> dict[str, A
     """`prorl-server eval` of the held-out instances, `config.final_eval_k` samples each at temperature 1, on
     the running server (the policy it serves now): its report's overall row (pass@1, pass@k, mean reward)."""
     tasks = directory / "held_out.jsonl"
-    tasks.write_text(
-        "".join(json.dumps(t) + "\n" for t in TASKS[config.task].instances("held_out")[: config.held_out_words])
-    )
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in held_out(config)))
     report = directory / "eval.json"
     argv = [sys.executable, "-m", "prorl_server.cli", "eval", str(tasks), "--server", server, "--no-progress"]
     argv += ["--k", str(config.final_eval_k), "--json", str(report)]
